@@ -1,0 +1,152 @@
+// GridBatch: an immutable batch of sparse voxel grids.
+//
+// Voxel order (part of the API, every operation produces it):
+//   voxels of all members are concatenated member-major (member 0 first); within a member they are in
+//   Morton (Z) order of the coordinates: compare the bits of the three coordinates from the most
+//   significant down, interleaved i before j before k at each bit level, where each int32 coordinate is
+//   read as the unsigned number c + 2^31 (so negative coordinates precede non-negative ones on every
+//   axis). The order is a function of the coordinate set alone, never of how a grid was built, so two
+//   grids with the same voxels have identical voxel indices on every backend.
+//   Consequences used throughout: refining by 2 emits children in order; coarsening by 2 keeps order;
+//   pruning keeps order.
+//
+// World transform per member: xyz = origin + voxel_size * ijk (component-wise); the origin is the world
+// position of the centre of voxel (0, 0, 0).
+//
+// Cost notation in the comments: "launches" are CUDA kernel launches, "syncs" host synchronisations on
+// the CUDA backend. The CPU backend runs the same algorithm with OpenMP and has no syncs.
+#pragma once
+
+#include <sparsegrid/buffer.h>
+#include <sparsegrid/types.h>
+
+#include <memory>
+#include <vector>
+
+namespace sparsegrid {
+
+struct MemberTransform {
+    Vec3d voxel_size{1.0, 1.0, 1.0};
+    Vec3d origin{0.0, 0.0, 0.0};
+    bool operator==(const MemberTransform& o) const { return voxel_size == o.voxel_size && origin == o.origin; }
+    bool operator!=(const MemberTransform& o) const { return !(*this == o); }
+};
+
+/// Axis-aligned integer box [lo, hi] (inclusive) over the whole batch.
+struct CoordBox {
+    Vec3i lo{0, 0, 0};
+    Vec3i hi{-1, -1, -1};
+    bool empty() const { return hi[0] < lo[0]; }
+};
+
+namespace detail {
+struct GridStorage;
+}
+
+class GridBatch {
+public:
+    /// An empty batch of zero members on the CPU.
+    GridBatch();
+
+    // ---------------------------------------------------------------------------------------------
+    // Constructors
+    // ---------------------------------------------------------------------------------------------
+
+    /// From voxel coordinates in ctx.device memory: `ijk` holds member_offsets.back() triples (i, j, k),
+    /// member m owning triples [member_offsets[m], member_offsets[m+1]). Any order, duplicates allowed
+    /// (removed), every int32 value allowed. `member_offsets` (host, B+1 entries, non-decreasing, from 0)
+    /// defines the batch size B >= 1; `transforms` has B entries or is empty (unit voxels at the origin).
+    /// Cost: one sort of the keys; 1 sync (unique count).
+    static GridBatch from_ijk(Span<const int32_t> ijk, const std::vector<int64_t>& member_offsets,
+                              const std::vector<MemberTransform>& transforms = {}, const Context& ctx = {});
+    /// Host convenience: one coordinate list per member.
+    static GridBatch from_ijk(const std::vector<std::vector<Vec3i>>& members,
+                              const std::vector<MemberTransform>& transforms = {}, const Context& ctx = {});
+
+    /// From world points (x, y, z) in ctx.device memory, laid out like from_ijk's ijk: the grid of every
+    /// voxel that contains at least one point, i.e. ijk = floor((xyz - origin) / voxel_size + 1/2).
+    /// `transforms` must have one entry per member. Points must be finite and map into int32 range.
+    static GridBatch from_points(Span<const double> xyz, const std::vector<int64_t>& member_offsets,
+                                 const std::vector<MemberTransform>& transforms, const Context& ctx = {});
+    static GridBatch from_points(const std::vector<std::vector<Vec3d>>& members,
+                                 const std::vector<MemberTransform>& transforms, const Context& ctx = {});
+
+    // ---------------------------------------------------------------------------------------------
+    // Accessors (host-side metadata never syncs)
+    // ---------------------------------------------------------------------------------------------
+
+    int64_t batch_size() const;
+    int64_t num_voxels() const;
+    int64_t num_voxels(int64_t member) const;
+    /// Host copy of the member offsets, B+1 entries: member m owns voxels [offsets[m], offsets[m+1]).
+    const std::vector<int64_t>& voxel_offsets() const;
+    /// The same offsets on device().
+    const Buffer<int64_t>& voxel_offsets_buffer() const;
+    /// Coordinates, num_voxels() x 3 int32, row-major, in voxel order, on device().
+    const Buffer<int32_t>& ijk() const;
+    /// ijk() copied to the host as triples (syncs on CUDA).
+    std::vector<Vec3i> ijk_host() const;
+    /// A box containing every voxel of the batch (exact on the CPU backend; conservative elsewhere).
+    const CoordBox& coordinate_box() const;
+
+    Device device() const;
+    const Context& context() const;
+
+    const std::vector<MemberTransform>& transforms() const;
+    const Vec3d& voxel_size(int64_t member) const;
+    const Vec3d& origin(int64_t member) const;
+    /// World position of (possibly fractional) index coordinates of member `member`.
+    Vec3d index_to_world(int64_t member, const Vec3d& ijk) const;
+    /// Continuous index coordinates of a world position; the containing voxel is floor(result + 1/2).
+    Vec3d world_to_index(int64_t member, const Vec3d& xyz) const;
+
+    /// For each query coordinate (ijk triples on device(), member m's queries in
+    /// [query_offsets[m], query_offsets[m+1])): the global voxel index of that coordinate in member m,
+    /// or -1. Cost: builds a lookup table over this grid, 1 launch per query batch, no sync.
+    Buffer<int64_t> ijk_to_index(Span<const int32_t> query_ijk, const std::vector<int64_t>& query_offsets) const;
+    std::vector<int64_t> ijk_to_index(const std::vector<std::vector<Vec3i>>& queries) const;
+
+    // ---------------------------------------------------------------------------------------------
+    // Topology operations. Each runs over the whole batch at once, returns a new grid in voxel order
+    // and never changes this one. Members never interact; empty members stay empty.
+    // Per axis a: pb = (kernel_size[a] - 1) / 2, and the edge relation is fine = S*coarse + tap - pb,
+    // 0 <= tap < kernel_size[a].
+    // ---------------------------------------------------------------------------------------------
+
+    /// Output of a strided convolution: every c with S*c + tap - pb in this grid for some tap.
+    /// Transform: voxel size S*h, origin unchanged.
+    GridBatch conv_grid(const Vec3i& kernel_size, const Vec3i& stride) const;
+    GridBatch conv_grid(int32_t kernel_size, int32_t stride) const;
+
+    /// Output of a generative transposed convolution: {S*c + tap - pb : c in grid, every tap}.
+    /// Transform: voxel size h/S, origin unchanged.
+    GridBatch conv_transpose_grid(const Vec3i& kernel_size, const Vec3i& stride) const;
+    GridBatch conv_transpose_grid(int32_t kernel_size, int32_t stride) const;
+
+    /// floor(ijk / factor). Transform: voxel size f*h, origin o + (f-1)*h/2.
+    GridBatch coarsened_grid(const Vec3i& factor) const;
+    GridBatch coarsened_grid(int32_t factor) const;
+
+    /// Each kept voxel c becomes the block f*c + [0, f)^3. `mask` (on device(), one byte per voxel,
+    /// nonzero = keep) may be empty to keep all. Transform: voxel size h/f, origin o - (f-1)*h'/2.
+    GridBatch refined_grid(const Vec3i& factor, Span<const uint8_t> mask = {}) const;
+    GridBatch refined_grid(int32_t factor, Span<const uint8_t> mask = {}) const;
+
+    /// Every voxel within Chebyshev distance `distance` (0..645) of a voxel of this grid.
+    GridBatch dilated_grid(int32_t distance) const;
+
+    /// The voxels whose mask byte (on device(), one per voxel) is nonzero, order preserved.
+    GridBatch pruned_grid(Span<const uint8_t> mask) const;
+
+    /// Per-member union with `other` (same batch size, device and transforms, exactly equal).
+    GridBatch merged_grid(const GridBatch& other) const;
+
+    /// Internal storage, for backends.
+    const detail::GridStorage& storage() const { return *m_storage; }
+    explicit GridBatch(std::shared_ptr<const detail::GridStorage> storage);
+
+private:
+    std::shared_ptr<const detail::GridStorage> m_storage;
+};
+
+}  // namespace sparsegrid

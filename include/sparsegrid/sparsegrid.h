@@ -1,0 +1,8 @@
+// Umbrella header of the sparsegrid core.
+#pragma once
+
+#include <sparsegrid/buffer.h>
+#include <sparsegrid/grid_batch.h>
+#include <sparsegrid/kernel_map.h>
+#include <sparsegrid/types.h>
+#include <sparsegrid/version.h>

@@ -1,0 +1,75 @@
+// Basic value types of the sparsegrid core: coordinates, devices, the allocator interface and the
+// execution context every operation runs in. No backend headers here: C++ users without CUDA or torch
+// include this as is.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace sparsegrid {
+
+/// Integer voxel coordinate (i, j, k), also used for per-axis kernel sizes, strides and factors.
+using Vec3i = std::array<int32_t, 3>;
+/// World-space vector (x, y, z) or per-axis voxel size.
+using Vec3d = std::array<double, 3>;
+
+/// Every invalid argument, overflow or unsupported request raises this, with a message of the form
+/// "<operation>: <argument> must be <expectation>, got <value>".
+class Error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+enum class DeviceType : int8_t { CPU = 0, CUDA = 1 };
+
+struct Device {
+    DeviceType type = DeviceType::CPU;
+    int index = 0;
+
+    static Device cpu() { return Device{DeviceType::CPU, 0}; }
+    static Device cuda(int index = 0) { return Device{DeviceType::CUDA, index}; }
+    bool is_cpu() const { return type == DeviceType::CPU; }
+    bool is_cuda() const { return type == DeviceType::CUDA; }
+    bool operator==(const Device& other) const { return type == other.type && index == other.index; }
+    bool operator!=(const Device& other) const { return !(*this == other); }
+    std::string str() const;
+};
+
+/// Memory for every buffer the core creates comes from an Allocator, on the context's stream, so that a
+/// framework (PyTorch's caching allocator) or a deployment runtime can own all device memory.
+/// Implementations must be thread-safe and outlive every buffer they allocated.
+class Allocator {
+public:
+    virtual ~Allocator() = default;
+    /// Returns memory for `bytes` bytes (bytes may be 0: return any pointer, possibly null) usable in
+    /// stream order on `stream`. Throws on failure; never returns null for bytes > 0.
+    virtual void* allocate(std::size_t bytes, Device device, void* stream) = 0;
+    virtual void deallocate(void* ptr, std::size_t bytes, Device device, void* stream) noexcept = 0;
+};
+
+/// The default allocator of a device: aligned host memory for CPU, stream-ordered cudaMallocAsync for
+/// CUDA. Throws Error if the library was built without support for that device.
+Allocator& default_allocator(Device device);
+
+/// Where and how an operation runs. A null allocator means default_allocator(device). `stream` is a
+/// cudaStream_t for CUDA (null = the legacy default stream) and ignored on CPU. Results of an operation
+/// live on the context's device and are ordered on its stream.
+struct Context {
+    Device device = Device::cpu();
+    void* stream = nullptr;
+    Allocator* allocator = nullptr;
+
+    Allocator& resolved_allocator() const { return allocator ? *allocator : default_allocator(device); }
+};
+
+/// True when the library was compiled with its CUDA backend.
+bool cuda_backend_available();
+
+/// Number of threads the CPU backend uses (OpenMP). set_cpu_threads(0) restores the default.
+int cpu_threads();
+void set_cpu_threads(int num_threads);
+
+}  // namespace sparsegrid

@@ -1,0 +1,7 @@
+// Library version.
+#pragma once
+
+#define SPARSEGRID_VERSION_MAJOR 0
+#define SPARSEGRID_VERSION_MINOR 1
+#define SPARSEGRID_VERSION_PATCH 0
+#define SPARSEGRID_VERSION_STRING "0.1.0"

@@ -1,0 +1,46 @@
+// Tap and stride arithmetic of the edge relation fine = S*coarse + tap - pb, shared by every backend.
+// All arithmetic is in int64 so that int32 coordinates at the ends of their range cannot wrap.
+#pragma once
+
+#include "core/keys.h"
+
+#include <cstdint>
+
+namespace sparsegrid::detail {
+
+SG_HD int64_t floor_div(int64_t a, int64_t b) {
+    const int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+SG_HD int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+/// Kernel geometry of one convolution, per axis: size K, stride S, low padding pb = (K - 1) / 2.
+struct ConvGeometry {
+    int32_t kernel[3];
+    int32_t stride[3];
+    int32_t pad[3];
+
+    SG_HD int32_t kernel_volume() const { return kernel[0] * kernel[1] * kernel[2]; }
+    /// Per-axis taps of linear tap index t = t0*K1*K2 + t1*K2 + t2.
+    SG_HD void tap_of(int32_t t, int32_t tap[3]) const {
+        tap[2] = t % kernel[2];
+        tap[1] = (t / kernel[2]) % kernel[1];
+        tap[0] = t / (kernel[1] * kernel[2]);
+    }
+    /// The fine coordinate that coarse `c` reaches through `tap` on axis a.
+    SG_HD int64_t fine_of(int a, int64_t c, int32_t tap) const { return int64_t{stride[a]} * c + tap - pad[a]; }
+    /// The coarse coordinate from which fine `f` is reached through `tap` on axis a, if any.
+    SG_HD bool coarse_of(int a, int64_t f, int32_t tap, int64_t* c) const {
+        const int64_t num = f - tap + pad[a];
+        const int64_t q = floor_div(num, stride[a]);
+        *c = q;
+        return q * stride[a] == num;
+    }
+    /// Inclusive range of coarse coordinates that reach fine `f` on axis a through some tap.
+    SG_HD void coarse_range(int a, int64_t f, int64_t* lo, int64_t* hi) const {
+        *lo = ceil_div(f + pad[a] - (kernel[a] - 1), stride[a]);
+        *hi = floor_div(f + pad[a], stride[a]);
+    }
+};
+
+}  // namespace sparsegrid::detail

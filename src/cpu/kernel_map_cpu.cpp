@@ -1,0 +1,203 @@
+// CPU backend of lookups and kernel maps. Lookups search the source grid's sorted keys (its voxel
+// order) instead of hashing: target voxels are visited in voxel order, so for a fixed tap consecutive
+// queries land close to each other in the source and a galloping search from the previous answer
+// finds them in a few comparisons, touching nearby cache lines only.
+#include "core/backend.h"
+#include "core/checks.h"
+#include "cpu/grid_keys.h"
+#include "cpu/parallel.h"
+
+#include <climits>
+
+namespace sparsegrid::detail::cpu {
+
+namespace {
+
+/// First position in [lo, hi) whose key is >= value, searched outwards from `hint` in doubling steps.
+template <typename KeyT>
+int64_t gallop_lower_bound(const KeyT* keys, int64_t lo, int64_t hi, int64_t hint, KeyT value) {
+    if (lo >= hi) return lo;
+    hint = std::min(std::max(hint, lo), hi - 1);
+    if (keys[hint] < value) {
+        int64_t below = hint, step = 1, probe = hint + 1;
+        while (probe < hi && keys[probe] < value) {
+            below = probe;
+            step *= 2;
+            probe = hint + step;
+        }
+        return std::lower_bound(keys + below + 1, keys + std::min(probe, hi), value) - keys;
+    }
+    int64_t at_or_above = hint, step = 1, probe = hint - 1;
+    while (probe >= lo && keys[probe] >= value) {
+        at_or_above = probe;
+        step *= 2;
+        probe = hint - step;
+    }
+    return std::lower_bound(keys + std::max(probe + 1, lo), keys + at_or_above, value) - keys;
+}
+
+/// The voxels of one grid, searchable by (member, coordinate).
+template <typename KeyT>
+class SortedLookup {
+public:
+    explicit SortedLookup(const GridStorage& grid)
+        : m_offsets(grid.topology.offsets), m_box(grid.topology.box),
+          m_codec(make_codec(grid.topology.box, grid.batch_size())),
+          m_keys(encode_grid_keys<KeyT>(grid, m_codec)) {}
+
+    /// Index of voxel q of `member`, or -1. `hint` is a position near the expected answer; it is
+    /// updated to the search result for the next query.
+    int64_t find(int64_t member, const int64_t q[3], int64_t& hint) const {
+        if (m_box.empty()) return -1;
+        for (int a = 0; a < 3; ++a)
+            if (q[a] < m_box.lo[a] || q[a] > m_box.hi[a]) return -1;
+        const KeyT key = encode_key<KeyT>(m_codec, member, static_cast<int32_t>(q[0]), static_cast<int32_t>(q[1]),
+                                          static_cast<int32_t>(q[2]));
+        const int64_t end = m_offsets[member + 1];
+        const int64_t pos = gallop_lower_bound(m_keys.data(), m_offsets[member], end, hint, key);
+        hint = pos;
+        return pos < end && m_keys[pos] == key ? pos : -1;
+    }
+
+private:
+    const std::vector<int64_t>& m_offsets;
+    CoordBox m_box;
+    KeyCodec m_codec;
+    std::vector<KeyT> m_keys;
+};
+
+/// Runs fn with a SortedLookup over `grid` of the grid's key type.
+template <typename Fn>
+auto with_lookup(const GridStorage& grid, Fn&& fn) {
+    return with_key_type(make_codec(grid.topology.box, grid.batch_size()), [&](auto key_tag) {
+        using KeyT = decltype(key_tag);
+        const SortedLookup<KeyT> lookup(grid);
+        return fn(lookup);
+    });
+}
+
+}  // namespace
+
+Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, const std::vector<int64_t>& query_offsets) {
+    const int64_t count = query_offsets.back();
+    Buffer<int64_t> result = Buffer<int64_t>::allocate(count, grid.context);
+    int64_t* out = result.data();
+    with_lookup(grid, [&](const auto& lookup) {
+        parallel_chunks(count, [&](int64_t begin, int64_t end, int, int) {
+            int64_t hint = 0;
+            for_each_voxel(query_offsets, begin, end, [&](int64_t member, int64_t n) {
+                const int64_t q[3] = {query_ijk[3 * n], query_ijk[3 * n + 1], query_ijk[3 * n + 2]};
+                out[n] = lookup.find(member, q, hint);
+            });
+        });
+        return 0;
+    });
+    return result;
+}
+
+Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
+                              MapDirection direction) {
+    const int32_t volume = g.kernel_volume();
+    const int64_t rows = target.num_voxels();
+    Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * volume, target.context);
+    int32_t* out = map.data();
+    const int32_t* target_ijk = target.topology.ijk.data();
+    std::vector<int32_t> taps(static_cast<size_t>(3 * volume));
+    for (int32_t t = 0; t < volume; ++t) g.tap_of(t, &taps[3 * t]);
+    with_lookup(source, [&](const auto& lookup) {
+        parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
+            std::vector<int64_t> hints(static_cast<size_t>(volume), 0);
+            for_each_voxel(target.topology.offsets, begin, end, [&](int64_t member, int64_t n) {
+                const int32_t* x = target_ijk + 3 * n;
+                int32_t* row = out + n * volume;
+                for (int32_t t = 0; t < volume; ++t) {
+                    const int32_t* tap = &taps[3 * t];
+                    int64_t q[3];
+                    bool reachable = true;
+                    for (int a = 0; a < 3; ++a) {
+                        if (direction == MapDirection::Forward)
+                            q[a] = g.fine_of(a, x[a], tap[a]);
+                        else
+                            reachable = reachable && g.coarse_of(a, x[a], tap[a], &q[a]);
+                    }
+                    row[t] = reachable ? static_cast<int32_t>(lookup.find(member, q, hints[t])) : -1;
+                }
+            });
+        });
+        return 0;
+    });
+    return map;
+}
+
+PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
+    const int32_t* entries = map.data();
+    const int max_chunks = threads_for(num_target);
+    // counts[chunk][t]: edges of tap t among the chunk's target rows.
+    std::vector<int64_t> counts(static_cast<size_t>(max_chunks) * kernel_volume, 0);
+    PairLists pairs;
+    pairs.tap_offsets.assign(static_cast<size_t>(kernel_volume) + 1, 0);
+    int used_chunks = 1;
+    parallel_chunks(num_target, [&](int64_t begin, int64_t end, int chunk, int chunks) {
+        int64_t* local = counts.data() + int64_t{chunk} * kernel_volume;
+        for (int64_t r = begin; r < end; ++r)
+            for (int32_t t = 0; t < kernel_volume; ++t) local[t] += entries[r * kernel_volume + t] >= 0;
+        if (chunk == 0) used_chunks = chunks;
+    });
+    // Tap-major, then chunk order: within a tap, edges stay in increasing target index.
+    std::vector<int64_t> chunk_start(counts.size());
+    int64_t total = 0;
+    for (int32_t t = 0; t < kernel_volume; ++t) {
+        pairs.tap_offsets[t] = total;
+        for (int c = 0; c < used_chunks; ++c) {
+            chunk_start[int64_t{c} * kernel_volume + t] = total;
+            total += counts[int64_t{c} * kernel_volume + t];
+        }
+    }
+    pairs.tap_offsets[kernel_volume] = total;
+    pairs.source_index = Buffer<int32_t>::allocate(total, ctx);
+    pairs.target_index = Buffer<int32_t>::allocate(total, ctx);
+    int32_t* source_out = pairs.source_index.data();
+    int32_t* target_out = pairs.target_index.data();
+    parallel_chunks(num_target, [&](int64_t begin, int64_t end, int chunk, int) {
+        int64_t* next = chunk_start.data() + int64_t{chunk} * kernel_volume;
+        for (int64_t r = begin; r < end; ++r)
+            for (int32_t t = 0; t < kernel_volume; ++t) {
+                const int32_t s = entries[r * kernel_volume + t];
+                if (s < 0) continue;
+                source_out[next[t]] = s;
+                target_out[next[t]] = static_cast<int32_t>(r);
+                ++next[t];
+            }
+    });
+    return pairs;
+}
+
+Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,
+                              int32_t kernel_volume, const Context& ctx) {
+    Buffer<int32_t> result = Buffer<int32_t>::allocate(num_source * kernel_volume, ctx);
+    int32_t* out = result.data();
+    const int32_t* entries = map.data();
+    parallel_chunks(num_source * kernel_volume, [&](int64_t begin, int64_t end, int, int) {
+        std::fill(out + begin, out + end, -1);
+    });
+    // Each (source, tap) has at most one target, so the scattered writes never collide.
+    parallel_chunks(num_target, [&](int64_t begin, int64_t end, int, int) {
+        for (int64_t r = begin; r < end; ++r)
+            for (int32_t t = 0; t < kernel_volume; ++t) {
+                const int32_t s = entries[r * kernel_volume + t];
+                if (s >= 0) out[int64_t{s} * kernel_volume + t] = static_cast<int32_t>(r);
+            }
+    });
+    return result;
+}
+
+int64_t count_edges(const Buffer<int32_t>& map, const Context&) {
+    const int32_t* entries = map.data();
+    int64_t total = 0;
+    const int64_t n = map.size();
+#pragma omp parallel for reduction(+ : total) schedule(static) if (n >= kSerialThreshold)
+    for (int64_t i = 0; i < n; ++i) total += entries[i] >= 0;
+    return total;
+}
+
+}  // namespace sparsegrid::detail::cpu
