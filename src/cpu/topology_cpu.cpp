@@ -9,6 +9,7 @@
 
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 namespace sparsegrid::detail::cpu {
 
@@ -135,7 +136,23 @@ std::vector<KeyT> collect_keys(const GridStorage& grid, int64_t expected_per_vox
     parallel_chunks(n, [&](int64_t begin, int64_t end, int chunk, int) {
         std::vector<KeyT>& out = per_chunk[chunk];
         out.reserve(static_cast<size_t>((end - begin) * expected_per_voxel));
-        auto push = [&out](KeyT key) { out.push_back(key); };
+        // Neighbouring voxels (neighbours in voxel order are mostly neighbours in space) emit mostly the
+        // same candidates; a small direct-mapped cache of recent keys drops most repeats before the sort.
+        constexpr int kCacheBits = 12;
+        // The cache starts filled with the first key, which is emitted, so no slot holds an unseen key.
+        std::vector<KeyT> recent;
+        auto push = [&out, &recent](KeyT key) {
+            if (recent.empty()) {
+                recent.assign(size_t{1} << kCacheBits, key);
+                out.push_back(key);
+                return;
+            }
+            const uint64_t folded = static_cast<uint64_t>(key) ^ static_cast<uint64_t>(key >> 32 >> 32);
+            KeyT& slot = recent[(folded * 0x9E3779B97F4A7C15ull) >> (64 - kCacheBits)];
+            if (slot == key) return;
+            slot = key;
+            out.push_back(key);
+        };
         for_each_voxel(grid.topology.offsets, begin, end,
                        [&](int64_t member, int64_t v) { emit(member, v, ijk + 3 * v, push); });
     });
@@ -217,6 +234,33 @@ bool all_axes_equal(const ConvGeometry& g, int32_t kernel, int32_t stride) {
     for (int a = 0; a < 3; ++a)
         if (g.kernel[a] != kernel || g.stride[a] != stride) return false;
     return true;
+}
+
+/// Pushes the keys of every coordinate of the box [lo, hi] of one member. Spreading each axis value
+/// once and OR-ing the parts costs 3 spreads per axis value instead of 3 per box voxel.
+template <typename KeyT, typename Push>
+void push_box_keys(const KeyCodec& codec, int64_t member, const int64_t lo[3], const int64_t hi[3], Push& push) {
+    if constexpr (std::is_same_v<KeyT, uint64_t>) {
+        constexpr int kMaxSide = 8;
+        if (hi[0] - lo[0] < kMaxSide && hi[1] - lo[1] < kMaxSide && hi[2] - lo[2] < kMaxSide) {
+            uint64_t parts[3][kMaxSide];
+            for (int a = 0; a < 3; ++a)
+                for (int64_t c = lo[a]; c <= hi[a]; ++c)
+                    parts[a][c - lo[a]] = spread_bits3(codec.bias(static_cast<int32_t>(c))) << (2 - a);
+            const uint64_t member_bits = static_cast<uint64_t>(member) << codec.morton_bits();
+            for (int64_t c0 = 0; c0 <= hi[0] - lo[0]; ++c0)
+                for (int64_t c1 = 0; c1 <= hi[1] - lo[1]; ++c1) {
+                    const uint64_t high = member_bits | parts[0][c0] | parts[1][c1];
+                    for (int64_t c2 = 0; c2 <= hi[2] - lo[2]; ++c2) push(high | parts[2][c2]);
+                }
+            return;
+        }
+    }
+    for (int64_t c0 = lo[0]; c0 <= hi[0]; ++c0)
+        for (int64_t c1 = lo[1]; c1 <= hi[1]; ++c1)
+            for (int64_t c2 = lo[2]; c2 <= hi[2]; ++c2)
+                push(encode_key<KeyT>(codec, member, static_cast<int32_t>(c0), static_cast<int32_t>(c1),
+                                      static_cast<int32_t>(c2)));
 }
 
 }  // namespace
@@ -302,11 +346,7 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
         std::vector<KeyT> keys = collect_keys<KeyT>(grid, per_voxel, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
             int64_t lo[3], hi[3];
             for (int a = 0; a < 3; ++a) g.coarse_range(a, v[a], &lo[a], &hi[a]);
-            for (int64_t c0 = lo[0]; c0 <= hi[0]; ++c0)
-                for (int64_t c1 = lo[1]; c1 <= hi[1]; ++c1)
-                    for (int64_t c2 = lo[2]; c2 <= hi[2]; ++c2)
-                        push(encode_key<KeyT>(codec, member, static_cast<int32_t>(c0), static_cast<int32_t>(c1),
-                                              static_cast<int32_t>(c2)));
+            push_box_keys<KeyT>(codec, member, lo, hi, push);
         });
         return canonical_topology(keys, codec, grid.batch_size(), grid.context);
     });
