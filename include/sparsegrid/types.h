@@ -67,6 +67,8 @@ struct Context {
 
 /// True when the library was compiled with its CUDA backend.
 bool cuda_backend_available();
+/// Number of CUDA devices usable by this build (0 without the CUDA backend or without a GPU).
+int cuda_device_count();
 
 /// Number of threads the CPU backend uses (OpenMP). set_cpu_threads(0) restores the default.
 int cpu_threads();

@@ -18,6 +18,7 @@ namespace detail::cuda_runtime {
 Allocator& default_allocator();
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream);
 void fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream);
+int device_count();
 }  // namespace detail::cuda_runtime
 #endif
 
@@ -57,6 +58,14 @@ bool cuda_backend_available() {
     return true;
 #else
     return false;
+#endif
+}
+
+int cuda_device_count() {
+#if defined(SPARSEGRID_WITH_CUDA)
+    return detail::cuda_runtime::device_count();
+#else
+    return 0;
 #endif
 }
 

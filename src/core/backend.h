@@ -24,8 +24,7 @@ namespace sparsegrid::detail {
     GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& geometry,                 \
                                      const CoordBox& out_box);                                               \
     GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box);     \
-    GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const uint8_t* mask,           \
-                              const CoordBox& out_box);                                                      \
+    GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box);       \
     GridTopology pruned_grid(const GridStorage& grid, const uint8_t* mask);                                 \
     GridTopology merged_grid(const GridStorage& a, const GridStorage& b, const CoordBox& out_box);          \
     Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,                         \

@@ -259,11 +259,15 @@ GridBatch GridBatch::coarsened_grid(int32_t factor) const { return coarsened_gri
 GridBatch GridBatch::refined_grid(const Vec3i& factor, Span<const uint8_t> mask) const {
     constexpr const char* op = "refined_grid";
     detail::check_positive(op, "factor", factor);
-    if (mask.size != 0 || mask.data != nullptr) check_mask(op, mask, num_voxels());
+    if (mask.size != 0 || mask.data != nullptr) {
+        check_mask(op, mask, num_voxels());
+        // Pruning first gives the exact box of the kept voxels, so only they are checked for overflow.
+        return pruned_grid(mask).refined_grid(factor);
+    }
+    if (factor == Vec3i{1, 1, 1}) return *this;
     const CoordBox out_box = detail::refined_box(op, coordinate_box(), factor);
     const Context& ctx = context();
-    const uint8_t* mask_data = mask.size > 0 ? mask.data : nullptr;
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, refined_grid(*m_storage, factor, mask_data, out_box));
+    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, refined_grid(*m_storage, factor, out_box));
     return GridBatch(make_storage(std::move(topology), map_transforms(transforms(), refine_transform, factor), ctx));
 }
 

@@ -5,7 +5,7 @@
 // 32 bit levels (i before j before k). When every coordinate of a batch lies in [-2^(L-1), 2^(L-1)),
 // the levels above L-1 only repeat the sign, so interleaving the L-bit numbers c + 2^(L-1) yields the
 // same order with 3L bits instead of 96. KeyCodec records L (coord_bits) and the member bits; a key of
-// member_bits + 3L <= 64 bits is a uint64_t, otherwise an unsigned __int128. Keys of one codec compare
+// member_bits + 3L <= 63 bits is a uint64_t, otherwise an unsigned __int128. Keys of one codec compare
 // exactly like the documented order; keys of different codecs are never compared.
 #pragma once
 
@@ -49,7 +49,8 @@ struct KeyCodec {
 
     SG_HD int32_t morton_bits() const { return 3 * coord_bits; }
     SG_HD int32_t total_bits() const { return member_bits + 3 * coord_bits; }
-    SG_HD bool fits_64() const { return total_bits() <= 64; }
+    /// 64-bit keys keep one bit free, so that all-ones can mark an unused slot on every backend.
+    SG_HD bool fits_64() const { return total_bits() <= 63; }
 
     SG_HD uint64_t bias(int32_t c) const {
         return static_cast<uint64_t>(static_cast<int64_t>(c) + (int64_t{1} << (coord_bits - 1)));

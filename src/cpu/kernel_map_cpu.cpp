@@ -95,6 +95,19 @@ Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, 
     return result;
 }
 
+namespace {
+
+/// A stride-1 map of a grid onto itself with odd kernel sizes is symmetric: the offset of tap t is
+/// minus the offset of tap V-1-t, so map[n][t] = m exactly when map[m][V-1-t] = n.
+bool is_symmetric(const GridStorage& source, const GridStorage& target, const ConvGeometry& g) {
+    if (&source != &target) return false;
+    for (int a = 0; a < 3; ++a)
+        if (g.stride[a] != 1 || g.kernel[a] % 2 == 0) return false;
+    return true;
+}
+
+}  // namespace
+
 Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
                               MapDirection direction) {
     const int32_t volume = g.kernel_volume();
@@ -102,30 +115,61 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
     Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * volume, target.context);
     int32_t* out = map.data();
     const int32_t* target_ijk = target.topology.ijk.data();
-    std::vector<int32_t> taps(static_cast<size_t>(3 * volume));
-    for (int32_t t = 0; t < volume; ++t) g.tap_of(t, &taps[3 * t]);
+    const bool symmetric = is_symmetric(source, target, g);
+    // With symmetry only taps below the centre are searched; the centre is the voxel itself and the
+    // taps above are filled from the mirrored edges afterwards.
+    const int32_t searched = symmetric ? volume / 2 : volume;
     with_lookup(source, [&](const auto& lookup) {
         parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
-            std::vector<int64_t> hints(static_cast<size_t>(volume), 0);
+            std::vector<int64_t> hints(static_cast<size_t>(searched), 0);
+            // Per axis and tap: the source coordinate, and whether it exists (strides divide).
+            std::vector<int64_t> source_coord[3];
+            std::vector<uint8_t> valid[3];
+            for (int a = 0; a < 3; ++a) {
+                source_coord[a].resize(static_cast<size_t>(g.kernel[a]));
+                valid[a].resize(static_cast<size_t>(g.kernel[a]));
+            }
             for_each_voxel(target.topology.offsets, begin, end, [&](int64_t member, int64_t n) {
                 const int32_t* x = target_ijk + 3 * n;
-                int32_t* row = out + n * volume;
-                for (int32_t t = 0; t < volume; ++t) {
-                    const int32_t* tap = &taps[3 * t];
-                    int64_t q[3];
-                    bool reachable = true;
-                    for (int a = 0; a < 3; ++a) {
-                        if (direction == MapDirection::Forward)
-                            q[a] = g.fine_of(a, x[a], tap[a]);
-                        else
-                            reachable = reachable && g.coarse_of(a, x[a], tap[a], &q[a]);
+                for (int a = 0; a < 3; ++a)
+                    for (int32_t tap = 0; tap < g.kernel[a]; ++tap) {
+                        if (direction == MapDirection::Forward) {
+                            source_coord[a][tap] = g.fine_of(a, x[a], tap);
+                            valid[a][tap] = 1;
+                        } else {
+                            valid[a][tap] = g.coarse_of(a, x[a], tap, &source_coord[a][tap]);
+                        }
                     }
-                    row[t] = reachable ? static_cast<int32_t>(lookup.find(member, q, hints[t])) : -1;
+                int32_t* row = out + n * volume;
+                int32_t t = 0;
+                for (int32_t t0 = 0; t0 < g.kernel[0] && t < searched; ++t0)
+                    for (int32_t t1 = 0; t1 < g.kernel[1] && t < searched; ++t1)
+                        for (int32_t t2 = 0; t2 < g.kernel[2] && t < searched; ++t2, ++t) {
+                            if (!(valid[0][t0] && valid[1][t1] && valid[2][t2])) {
+                                row[t] = -1;
+                                continue;
+                            }
+                            const int64_t q[3] = {source_coord[0][t0], source_coord[1][t1], source_coord[2][t2]};
+                            row[t] = static_cast<int32_t>(lookup.find(member, q, hints[t]));
+                        }
+                if (symmetric) {
+                    row[searched] = static_cast<int32_t>(n);
+                    std::fill(row + searched + 1, row + volume, -1);
                 }
             });
         });
         return 0;
     });
+    if (symmetric) {
+        // Each (m, V-1-t) is the mirror of exactly one (n, t), so the scattered writes never collide.
+        parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
+            for (int64_t n = begin; n < end; ++n)
+                for (int32_t t = 0; t < searched; ++t) {
+                    const int32_t m = out[n * volume + t];
+                    if (m >= 0) out[int64_t{m} * volume + (volume - 1 - t)] = static_cast<int32_t>(n);
+                }
+        });
+    }
     return map;
 }
 

@@ -165,10 +165,10 @@ std::vector<KeyT> collect_keys(const GridStorage& grid, int64_t expected_per_vox
     return keys;
 }
 
-/// Children of the kept voxels under subdivision by 2^p on every axis, written in voxel order without
-/// a sort: the Morton code of f*c + a is (code(c) << 3p) | code(a), so the children of a voxel form
-/// one contiguous run, in the Morton order of their offsets a.
-GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor, const uint8_t* mask) {
+/// Children of every voxel under subdivision by 2^p on every axis, written in voxel order without a
+/// sort: the Morton code of f*c + a is (code(c) << 3p) | code(a), so the children of a voxel form one
+/// contiguous run, in the Morton order of their offsets a.
+GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor) {
     const int32_t factor = 1 << log2_factor;
     const int64_t children = int64_t{1} << (3 * log2_factor);
     std::vector<Vec3i> child_offsets(static_cast<size_t>(children));
@@ -178,27 +178,17 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor, cons
                             static_cast<int32_t>(compact_bits3(code))};
     }
     const int64_t n = grid.num_voxels();
-    std::vector<int64_t> kept_before;
-    if (mask) kept_before = exclusive_scan_flags(mask, n);
-    const int64_t kept = mask ? kept_before[n] : n;
     const Context& ctx = grid.context;
-    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * checked_mul("refined_grid", "output voxel count", kept, children), ctx);
+    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * checked_mul("refined_grid", "output voxel count", n, children), ctx);
     int32_t* out = ijk.data();
     const int32_t* in = grid.topology.ijk.data();
     parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
-        for (int64_t v = begin; v < end; ++v) {
-            if (mask && !mask[v]) continue;
-            const int64_t first = (mask ? kept_before[v] : v) * children;
+        for (int64_t v = begin; v < end; ++v)
             for (int64_t r = 0; r < children; ++r)
-                for (int a = 0; a < 3; ++a)
-                    out[3 * (first + r) + a] = factor * in[3 * v + a] + child_offsets[r][a];
-        }
+                for (int a = 0; a < 3; ++a) out[3 * (v * children + r) + a] = factor * in[3 * v + a] + child_offsets[r][a];
     });
     std::vector<int64_t> offsets(grid.topology.offsets.size());
-    for (size_t m = 0; m < offsets.size(); ++m) {
-        const int64_t o = grid.topology.offsets[m];
-        offsets[m] = (mask ? kept_before[o] : o) * children;
-    }
+    for (size_t m = 0; m < offsets.size(); ++m) offsets[m] = grid.topology.offsets[m] * children;
     return finish_topology(std::move(ijk), std::move(offsets), ctx);
 }
 
@@ -354,7 +344,7 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
 
 GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     // K = S = 2 on every axis: pb = 0, the output is the subdivision by 2.
-    if (all_axes_equal(g, 2, 2)) return subdivide_sorted(grid, 1, nullptr);
+    if (all_axes_equal(g, 2, 2)) return subdivide_sorted(grid, 1);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int32_t volume = g.kernel_volume();
     checked_mul("conv_transpose_grid", "candidate count", grid.num_voxels(), volume);
@@ -387,21 +377,18 @@ GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const 
     });
 }
 
-GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const uint8_t* mask, const CoordBox& out_box) {
+GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box) {
     int32_t log2_factor = 0;
-    if (uniform_power_of_two(factor, &log2_factor)) return subdivide_sorted(grid, log2_factor, mask);
+    if (uniform_power_of_two(factor, &log2_factor)) return subdivide_sorted(grid, log2_factor);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t children = int64_t{factor[0]} * factor[1] * factor[2];
     checked_mul("refined_grid", "output voxel count", grid.num_voxels(), children);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
-        std::vector<KeyT> keys = collect_keys<KeyT>(grid, mask ? 1 : children, [&](int64_t member, int64_t voxel, const int32_t* v, auto& push) {
-            if (mask && !mask[voxel]) return;
-            for (int32_t a0 = 0; a0 < factor[0]; ++a0)
-                for (int32_t a1 = 0; a1 < factor[1]; ++a1)
-                    for (int32_t a2 = 0; a2 < factor[2]; ++a2)
-                        push(encode_key<KeyT>(codec, member, factor[0] * v[0] + a0, factor[1] * v[1] + a1,
-                                              factor[2] * v[2] + a2));
+        std::vector<KeyT> keys = collect_keys<KeyT>(grid, children, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
+            const int64_t lo[3] = {int64_t{factor[0]} * v[0], int64_t{factor[1]} * v[1], int64_t{factor[2]} * v[2]};
+            const int64_t hi[3] = {lo[0] + factor[0] - 1, lo[1] + factor[1] - 1, lo[2] + factor[2] - 1};
+            push_box_keys<KeyT>(codec, member, lo, hi, push);
         });
         return canonical_topology(keys, codec, grid.batch_size(), grid.context);
     });

@@ -68,6 +68,16 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     if (dst_device.is_cpu()) SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+int device_count() {
+    int count = 0;
+    // No driver or no device is not an error here: the answer is simply zero.
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return count;
+}
+
 void fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream) {
     DeviceGuard guard(device.index);
     SPARSEGRID_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));

@@ -1,0 +1,319 @@
+// GridBatch construction and accessors: from_points, world <-> index transforms, ijk_to_index lookups,
+// and the full int32 coordinate range.
+#include "oracle.h"
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+namespace sparsegrid_test {
+namespace {
+
+TEST(GridBatch, AccessorsOfTransforms) {
+    const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}}, {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
+    const GridBatch grid = GridBatch::from_ijk(MemberLists{{{1, 2, 3}}, {}}, transforms);
+    EXPECT_EQ(grid.transforms(), transforms);
+    EXPECT_EQ(grid.voxel_size(0), transforms[0].voxel_size);
+    EXPECT_EQ(grid.voxel_size(1), transforms[1].voxel_size);
+    EXPECT_EQ(grid.origin(0), transforms[0].origin);
+    EXPECT_EQ(grid.origin(1), transforms[1].origin);
+    EXPECT_EQ(grid.context().device, sparsegrid::Device::cpu());
+    // xyz = o + h * ijk
+    const Vec3d world = grid.index_to_world(0, {1.0, 2.0, 3.0});
+    EXPECT_DOUBLE_EQ(world[0], 1.5);
+    EXPECT_DOUBLE_EQ(world[1], -1.5);
+    EXPECT_DOUBLE_EQ(world[2], 9.5);
+    const Vec3d other = grid.index_to_world(1, {-10.0, 0.5, 2.0});
+    EXPECT_NEAR(other[0], -5.0, 1e-12);
+    EXPECT_NEAR(other[1], 0.15, 1e-12);
+    EXPECT_NEAR(other[2], 10.4, 1e-12);
+    const Vec3d index = grid.world_to_index(1, {-5.0, 0.15, 10.4});
+    EXPECT_NEAR(index[0], -10.0, 1e-9);
+    EXPECT_NEAR(index[1], 0.5, 1e-9);
+    EXPECT_NEAR(index[2], 2.0, 1e-9);
+}
+
+TEST(GridBatch, WorldIndexRoundTrip) {
+    Rng rng(77);
+    SCOPED_TRACE("seed=77");
+    const std::vector<MemberTransform> transforms = random_transforms(rng, 5);
+    const GridBatch grid = GridBatch::from_ijk(MemberLists(5), transforms);
+    for (int n = 0; n < 500; ++n) {
+        const int64_t m = uniform_int(rng, 0, 4);
+        const Vec3d ijk{uniform_real(rng, -500, 500), uniform_real(rng, -500, 500), uniform_real(rng, -500, 500)};
+        const Vec3d world = grid.index_to_world(m, ijk);
+        const Vec3d back = grid.world_to_index(m, world);
+        for (int a = 0; a < 3; ++a) {
+            EXPECT_NEAR(world[a], transforms[m].origin[a] + transforms[m].voxel_size[a] * ijk[a], 1e-9);
+            EXPECT_NEAR(back[a], ijk[a], 1e-9);
+        }
+        const Vec3d xyz{uniform_real(rng, -100, 100), uniform_real(rng, -100, 100), uniform_real(rng, -100, 100)};
+        const Vec3d there = grid.index_to_world(m, grid.world_to_index(m, xyz));
+        for (int a = 0; a < 3; ++a) EXPECT_NEAR(there[a], xyz[a], 1e-9);
+    }
+}
+
+TEST(GridBatch, FromPointsRandom) {
+    for (uint64_t seed : test_seeds()) {
+        SCOPED_TRACE("seed=" + std::to_string(seed));
+        Rng rng(seed + 200);
+        const int64_t batch = 1 + static_cast<int64_t>(seed % 8);
+        const std::vector<MemberTransform> transforms = random_transforms(rng, batch);
+        std::vector<std::vector<Vec3d>> points(static_cast<std::size_t>(batch));
+        OracleBatch expected(static_cast<std::size_t>(batch));
+        OracleBatch by_formula(static_cast<std::size_t>(batch));
+        for (int64_t m = 0; m < batch; ++m) {
+            if (uniform_int(rng, 0, 5) == 0) continue;  // empty member
+            const MemberTransform& t = transforms[static_cast<std::size_t>(m)];
+            const int64_t count = uniform_int(rng, 1, 200);
+            for (int64_t n = 0; n < count; ++n) {
+                // A voxel and a point well inside it ...
+                Coord64 voxel{};
+                Vec3d xyz{};
+                for (int a = 0; a < 3; ++a) {
+                    voxel[a] = uniform_int(rng, -60, 60);
+                    const double u = uniform_real(rng, -0.49, 0.49);
+                    xyz[a] = t.origin[a] + t.voxel_size[a] * (static_cast<double>(voxel[a]) + u);
+                }
+                points[static_cast<std::size_t>(m)].push_back(xyz);
+                expected[static_cast<std::size_t>(m)].insert(voxel);
+                // ... and an arbitrary point, by the documented formula.
+                Vec3d any{};
+                Coord64 any_voxel{};
+                for (int a = 0; a < 3; ++a) {
+                    any[a] = uniform_real(rng, -50.0, 50.0);
+                    any_voxel[a] = static_cast<int64_t>(std::floor((any[a] - t.origin[a]) / t.voxel_size[a] + 0.5));
+                }
+                points[static_cast<std::size_t>(m)].push_back(any);
+                expected[static_cast<std::size_t>(m)].insert(any_voxel);
+            }
+        }
+        const GridBatch grid = GridBatch::from_points(points, transforms);
+        EXPECT_TRUE(grid_matches(grid, expected));
+        EXPECT_EQ(grid.transforms(), transforms);
+        // Span version, same answer.
+        std::vector<double> flat;
+        std::vector<int64_t> offsets{0};
+        for (const auto& member : points) {
+            for (const Vec3d& p : member) flat.insert(flat.end(), p.begin(), p.end());
+            offsets.push_back(static_cast<int64_t>(flat.size() / 3));
+        }
+        const GridBatch spans = GridBatch::from_points(sparsegrid::Span<const double>(flat), offsets, transforms);
+        EXPECT_EQ(spans.ijk_host(), grid.ijk_host());
+        EXPECT_EQ(spans.voxel_offsets(), grid.voxel_offsets());
+    }
+}
+
+TEST(GridBatch, FromPointsVoxelBoundaries) {
+    // Dyadic transforms make every computation exact, so boundaries are decided by the formula alone:
+    // floor((x - o)/h + 1/2): a point exactly half way between voxel centres i and i+1 belongs to i+1.
+    const MemberTransform t0{{0.5, 0.25, 2.0}, {0.25, -1.0, 3.0}};
+    const MemberTransform t1{{1.0, 1.0, 1.0}, {0.0, 0.0, 0.0}};
+    auto at = [](const MemberTransform& t, const Vec3d& ijk) {
+        return Vec3d{t.origin[0] + t.voxel_size[0] * ijk[0], t.origin[1] + t.voxel_size[1] * ijk[1],
+                     t.origin[2] + t.voxel_size[2] * ijk[2]};
+    };
+    const std::vector<std::vector<Vec3d>> points{
+        {at(t0, {0.5, -0.5, 2.5}), at(t0, {-3.5, 7.5, -0.5}), at(t0, {-1.0, 0.0, 1.0})},
+        {{-0.5, 0.5, -1.5}, {0.4999999, -0.5000001, 2.0}, {-7.25, -7.75, 3.4999}}};
+    const GridBatch grid = GridBatch::from_points(points, {t0, t1});
+    OracleBatch expected(2);
+    expected[0] = {{1, 0, 3}, {-3, 8, 0}, {-1, 0, 1}};
+    expected[1] = {{0, 1, -1}, {0, -1, 2}, {-7, -8, 3}};
+    EXPECT_TRUE(grid_matches(grid, expected));
+
+    // Just either side of a boundary with a non-dyadic transform.
+    const MemberTransform t2{{0.3, 0.7, 1.1}, {-0.2, 0.45, 5.0}};
+    std::vector<std::vector<Vec3d>> near{{}};
+    OracleBatch near_expected(1);
+    for (int32_t i = -5; i <= 5; ++i) {
+        const Vec3d boundary = at(t2, {i + 0.5, i + 0.5, i + 0.5});
+        near[0].push_back({boundary[0] - 1e-7, boundary[1] + 1e-7, boundary[2] - 1e-7});
+        near_expected[0].insert({i, i + 1, i});
+    }
+    EXPECT_TRUE(grid_matches(GridBatch::from_points(near, {t2}), near_expected));
+}
+
+TEST(GridBatch, FromPointsInt32Limits) {
+    const MemberTransform unit{};
+    // floor(x + 1/2) must land in int32: INT32_MAX and INT32_MIN themselves are fine.
+    const GridBatch edges = GridBatch::from_points(
+        std::vector<std::vector<Vec3d>>{{{2147483647.0, -2147483648.5, 0.0}, {2147483647.4, -2147483648.0, -0.5}}}, {unit});
+    OracleBatch expected(1);
+    expected[0].insert({kInt32Max, kInt32Min, 0});
+    EXPECT_TRUE(grid_matches(edges, expected));
+}
+
+TEST(GridBatch, IjkToIndexMatchesMap) {
+    for (bool far : {false, true})
+        for (std::size_t i = 0; i < test_seeds().size(); ++i) {
+            const uint64_t seed = test_seeds()[i] + 300 + (far ? 1 : 0);
+            SCOPED_TRACE("seed=" + std::to_string(seed));
+            Rng rng(seed);
+            RandomBatchOptions options;
+            options.batch_size = 1 + static_cast<int64_t>(i % 8);
+            options.allow_far = far;
+            const GridBatch grid = GridBatch::from_ijk(random_members(rng, options));
+            const MemberLists lists = member_lists(grid);
+            // Oracle: (member, ijk) -> global index.
+            std::map<std::pair<int64_t, Vec3i>, int64_t> where;
+            int64_t running = 0;
+            for (std::size_t m = 0; m < lists.size(); ++m)
+                for (const Vec3i& c : lists[m]) where[{static_cast<int64_t>(m), c}] = running++;
+            // Queries: present voxels, voxels of other members, neighbours (mostly absent), extremes.
+            MemberLists queries(lists.size());
+            for (std::size_t m = 0; m < lists.size(); ++m) {
+                for (const Vec3i& c : lists[m]) {
+                    if (uniform_int(rng, 0, 1)) queries[m].push_back(c);
+                    queries[m].push_back({c[0], c[1], c[2] == kInt32Max ? kInt32Min : c[2] + 1});
+                }
+                for (std::size_t other = 0; other < lists.size(); ++other)
+                    if (other != m && !lists[other].empty()) queries[m].push_back(lists[other].front());
+                queries[m].push_back({kInt32Min, kInt32Min, kInt32Min});
+                queries[m].push_back({kInt32Max, kInt32Max, kInt32Max});
+                queries[m].push_back({0, 0, 0});
+                std::shuffle(queries[m].begin(), queries[m].end(), rng);
+            }
+            std::vector<int64_t> want;
+            for (std::size_t m = 0; m < queries.size(); ++m)
+                for (const Vec3i& q : queries[m]) {
+                    const auto found = where.find({static_cast<int64_t>(m), q});
+                    want.push_back(found == where.end() ? -1 : found->second);
+                }
+            EXPECT_EQ(grid.ijk_to_index(queries), want);
+            // Span version.
+            std::vector<int32_t> flat;
+            std::vector<int64_t> offsets{0};
+            for (const auto& member : queries) {
+                for (const Vec3i& q : member) flat.insert(flat.end(), q.begin(), q.end());
+                offsets.push_back(static_cast<int64_t>(flat.size() / 3));
+            }
+            const sparsegrid::Buffer<int64_t> result = grid.ijk_to_index(sparsegrid::Span<const int32_t>(flat), offsets);
+            EXPECT_EQ(result.to_host(), want);
+            // Every voxel finds itself.
+            std::vector<int64_t> identity(static_cast<std::size_t>(grid.num_voxels()));
+            for (std::size_t n = 0; n < identity.size(); ++n) identity[n] = static_cast<int64_t>(n);
+            EXPECT_EQ(grid.ijk_to_index(lists), identity);
+        }
+}
+
+TEST(GridBatch, IjkToIndexPerMember) {
+    // (1,2,3) exists in member 1 only: querying it for member 0 gives -1.
+    const GridBatch grid = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}, {{1, 2, 3}, {0, 0, 0}}, {}});
+    EXPECT_EQ(grid.ijk_to_index(MemberLists{{{1, 2, 3}, {0, 0, 0}}, {{1, 2, 3}, {0, 0, 0}, {3, 2, 1}}, {{0, 0, 0}}}),
+              (std::vector<int64_t>{-1, 0, 2, 1, -1, -1}));
+    // No queries at all.
+    EXPECT_TRUE(grid.ijk_to_index(MemberLists(3)).empty());
+}
+
+TEST(GridBatch, Int32ExtremesRoundTrip) {
+    const MemberLists members{{{kInt32Min, kInt32Max, 0},
+                               {kInt32Max, kInt32Max, kInt32Max},
+                               {kInt32Min, kInt32Min, kInt32Min},
+                               {0, kInt32Min, kInt32Max},
+                               {-1, 0, 1},
+                               {kInt32Max, kInt32Min, kInt32Max},
+                               {kInt32Min, kInt32Min, kInt32Min}},
+                              {{kInt32Max, 0, 0}},
+                              {}};
+    const GridBatch grid = GridBatch::from_ijk(members);
+    const OracleBatch oracle = oracle_from_lists(members);
+    EXPECT_TRUE(grid_matches(grid, oracle));
+    // ijk() round trip as raw ints.
+    std::vector<int32_t> flat;
+    for (const auto& member : member_lists(grid))
+        for (const Vec3i& c : member) flat.insert(flat.end(), c.begin(), c.end());
+    EXPECT_EQ(grid.ijk().to_host(), flat);
+    EXPECT_EQ(grid.coordinate_box().lo, (Vec3i{kInt32Min, kInt32Min, kInt32Min}));
+    EXPECT_EQ(grid.coordinate_box().hi, (Vec3i{kInt32Max, kInt32Max, kInt32Max}));
+    // Operations whose output stays in range accept the extremes.
+    EXPECT_TRUE(grid_matches(grid.conv_grid(1, 1), oracle));
+    EXPECT_TRUE(grid_matches(grid.conv_transpose_grid(1, 1), oracle));
+    EXPECT_TRUE(grid_matches(grid.dilated_grid(0), oracle));
+    EXPECT_TRUE(grid_matches(grid.refined_grid(1), oracle));
+    for (const Vec3i& f : {Vec3i{2, 2, 2}, Vec3i{3, 7, 1}, Vec3i{kInt32Max, 2, 5}})
+        EXPECT_TRUE(grid_matches(grid.coarsened_grid(f), oracle_coarsened_grid(oracle, f))) << "factor " << str(f);
+    // conv_grid with K=2 (pb=0), S=2 is floor(ijk/2); K=1 with any stride divides exactly: in range.
+    EXPECT_TRUE(grid_matches(grid.conv_grid(2, 2), oracle_conv_grid(oracle, {2, 2, 2}, {2, 2, 2})));
+    EXPECT_TRUE(grid_matches(grid.conv_grid({1, 1, 1}, {5, 3, 4}), oracle_conv_grid(oracle, {1, 1, 1}, {5, 3, 4})));
+    const std::vector<uint8_t> mask{1, 0, 1, 0, 1, 1, 0};
+    EXPECT_TRUE(grid_matches(grid.pruned_grid(mask), oracle_pruned_grid(member_lists(grid), mask)));
+    EXPECT_TRUE(grid_matches(grid.merged_grid(grid.pruned_grid(mask)), oracle));
+    // Lookups at the extremes.
+    ASSERT_EQ(grid.num_voxels(), 7);  // 6 distinct in member 0, 1 in member 1
+    EXPECT_EQ(grid.ijk_to_index(member_lists(grid)), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+    const KernelMap self = sparsegrid::neighbour_map(grid, grid, {1, 1, 1}, {1, 1, 1});
+    EXPECT_EQ(map_host(self), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
+}
+
+TEST(GridBatch, ExactBoundsAccepted) {
+    // Largest inputs whose outputs still fit must not raise.
+    const GridBatch top = GridBatch::from_ijk(MemberLists{{{kTwoPow30 - 1, -kTwoPow30, 0}}});
+    // refined_grid(2): 2*(2^30-1)+1 = 2^31-1, 2*(-2^30) = -2^31.
+    EXPECT_TRUE(grid_matches(top.refined_grid(2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {})));
+    // conv_transpose_grid(2,2): the same children.
+    EXPECT_TRUE(grid_matches(top.conv_transpose_grid(2, 2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {})));
+    // dilated_grid(1) one step inside the edges.
+    const GridBatch inner = GridBatch::from_ijk(MemberLists{{{kInt32Max - 1, kInt32Min + 1, 0}}});
+    EXPECT_TRUE(grid_matches(inner.dilated_grid(1), oracle_dilated_grid(oracle_from_lists(member_lists(inner)), 1)));
+    EXPECT_TRUE(grid_matches(inner.conv_grid(3, 1), oracle_conv_grid(oracle_from_lists(member_lists(inner)), {3, 3, 3}, {1, 1, 1})));
+}
+
+/// Forwards to the CPU default allocator and keeps count, to see that every buffer goes through the
+/// context's allocator and is given back.
+class CountingAllocator : public sparsegrid::Allocator {
+public:
+    void* allocate(std::size_t bytes, sparsegrid::Device device, void* stream) override {
+        ++allocations;
+        outstanding += static_cast<int64_t>(bytes);
+        return sparsegrid::default_allocator(device).allocate(bytes, device, stream);
+    }
+    void deallocate(void* ptr, std::size_t bytes, sparsegrid::Device device, void* stream) noexcept override {
+        ++deallocations;
+        outstanding -= static_cast<int64_t>(bytes);
+        sparsegrid::default_allocator(device).deallocate(ptr, bytes, device, stream);
+    }
+    int64_t allocations = 0;
+    int64_t deallocations = 0;
+    int64_t outstanding = 0;
+};
+
+TEST(GridBatch, ContextAllocatorOwnsAllMemory) {
+    CountingAllocator counting;
+    sparsegrid::Context ctx;
+    ctx.allocator = &counting;
+    {
+        Rng rng(99);
+        RandomBatchOptions options;
+        options.batch_size = 3;
+        options.empty_probability = 0.0;
+        const GridBatch grid = GridBatch::from_ijk(random_members(rng, options), {}, ctx);
+        EXPECT_EQ(grid.context().allocator, &counting);
+        const int64_t after_build = counting.allocations;
+        EXPECT_GT(after_build, 0);
+        // Derived grids and maps allocate through the same context.
+        const GridBatch coarse = grid.conv_grid(3, 2);
+        EXPECT_EQ(coarse.context().allocator, &counting);
+        EXPECT_GT(counting.allocations, after_build);
+        const KernelMap map = sparsegrid::neighbour_map(grid, coarse, {3, 3, 3}, {2, 2, 2});
+        const sparsegrid::PairLists pairs = map.pairs_by_tap();
+        const KernelMap back = map.transposed();
+        EXPECT_TRUE(map_matches_oracle(map, grid, coarse, {3, 3, 3}, {2, 2, 2}, MapDirection::Forward));
+        EXPECT_GT(counting.outstanding, 0);
+    }
+    EXPECT_EQ(counting.outstanding, 0) << "buffers were not given back";
+    EXPECT_EQ(counting.allocations, counting.deallocations);
+}
+
+TEST(GridBatch, CudaRequestsWithoutCudaBackendRaise) {
+    if (sparsegrid::cuda_backend_available()) GTEST_SKIP() << "built with CUDA";
+    EXPECT_THROW(sparsegrid::default_allocator(sparsegrid::Device::cuda()), sparsegrid::Error);
+    sparsegrid::Context ctx;
+    ctx.device = sparsegrid::Device::cuda();
+    EXPECT_THROW(GridBatch::from_ijk(MemberLists{{{0, 0, 0}}}, {}, ctx), sparsegrid::Error);
+}
+
+}  // namespace
+}  // namespace sparsegrid_test
