@@ -16,6 +16,8 @@ namespace detail {
 /// complete when the destination is host memory (a host synchronisation for CUDA sources).
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
                 void* stream);
+/// Records one host synchronisation (see host_synchronizations()).
+void count_host_synchronization();
 /// Sets `bytes` bytes to `value`, ordered on `stream`.
 void fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream);
 }  // namespace detail

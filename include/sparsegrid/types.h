@@ -70,6 +70,11 @@ bool cuda_backend_available();
 /// Number of CUDA devices usable by this build (0 without the CUDA backend or without a GPU).
 int cuda_device_count();
 
+/// Host synchronisations the library has performed so far (process-wide, all threads): every wait of
+/// the host for a CUDA stream, e.g. to read back a data-dependent output size. Always 0 on the CPU
+/// backend. Tests and benchmarks read it before and after an operation to count that operation's syncs.
+int64_t host_synchronizations();
+
 /// Number of threads the CPU backend uses (OpenMP). set_cpu_threads(0) restores the default.
 int cpu_threads();
 void set_cpu_threads(int num_threads);

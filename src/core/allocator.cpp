@@ -7,6 +7,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -40,6 +41,7 @@ public:
 };
 
 int g_requested_threads = 0;
+std::atomic<int64_t> g_host_synchronizations{0};
 
 }  // namespace
 
@@ -60,6 +62,12 @@ bool cuda_backend_available() {
     return false;
 #endif
 }
+
+int64_t host_synchronizations() { return g_host_synchronizations.load(std::memory_order_relaxed); }
+
+namespace detail {
+void count_host_synchronization() { g_host_synchronizations.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace detail
 
 int cuda_device_count() {
 #if defined(SPARSEGRID_WITH_CUDA)

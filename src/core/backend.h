@@ -12,11 +12,8 @@
 namespace sparsegrid::detail {
 
 #define SPARSEGRID_BACKEND_FUNCTIONS                                                                          \
-    /* Canonical grid of arbitrary (member-tagged by offsets) coordinates; box contains them all. */        \
-    GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offsets, const CoordBox& box, \
-                                const Context& ctx);                                                         \
-    /* Exact box of coordinates (empty box for none). */                                                    \
-    CoordBox coordinate_box(const int32_t* ijk, int64_t count, const Context& ctx);                         \
+    /* Canonical grid of arbitrary coordinates, member m owning [offsets[m], offsets[m+1]). */            \
+    GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offsets, const Context& ctx); \
     /* ijk of world points; throws Error for non-finite or out-of-range points. */                          \
     Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& offsets,                   \
                                   const std::vector<MemberTransform>& transforms, const Context& ctx);      \

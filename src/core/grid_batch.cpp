@@ -95,8 +95,7 @@ GridBatch GridBatch::from_ijk(Span<const int32_t> ijk, const std::vector<int64_t
     detail::check_offsets(op, "member_offsets", member_offsets, ijk.size / 3);
     const int64_t batch_size = static_cast<int64_t>(member_offsets.size()) - 1;
     std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, true);
-    const CoordBox box = SPARSEGRID_DISPATCH(op, ctx, coordinate_box(ijk.data, ijk.size / 3, ctx));
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, build_from_ijk(ijk.data, member_offsets, box, ctx));
+    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, build_from_ijk(ijk.data, member_offsets, ctx));
     return GridBatch(make_storage(std::move(topology), std::move(resolved), ctx));
 }
 

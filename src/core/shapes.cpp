@@ -90,7 +90,8 @@ void check_shape(const char* operation, const ShapeParams& shape) {
     const auto& r = shape.rotation;
     for (int row = 0; row < 3; ++row)
         for (int col = 0; col < 3; ++col) {
-            const double dot = r[3 * row] * r[3 * col] + r[3 * row + 1] * r[3 * col + 1] + r[3 * row + 2] * r[3 * col + 2];
+            const double dot =
+                r[3 * row] * r[3 * col] + r[3 * row + 1] * r[3 * col + 1] + r[3 * row + 2] * r[3 * col + 2];
             const double expected = row == col ? 1.0 : 0.0;
             if (!(std::fabs(dot - expected) <= kRotationTolerance))
                 throw Error(prefix + "rotation must be orthonormal (rows " + std::to_string(row) + " and " +

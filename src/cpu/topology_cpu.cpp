@@ -72,23 +72,29 @@ void sort_keys(std::vector<uint64_t>& keys, int32_t bits) {
 
 void sort_keys(std::vector<Key128>& keys, int32_t) { std::sort(keys.begin(), keys.end()); }
 
-GridTopology finish_topology(Buffer<int32_t> ijk, std::vector<int64_t> offsets, const Context& ctx) {
-    GridTopology topology;
-    const int64_t count = ijk.size() / 3;
-    const int32_t* v = ijk.data();
+/// Exact box of `count` coordinates (the empty box for none).
+CoordBox coordinate_box(const int32_t* ijk, int64_t count) {
     const int max_chunks = threads_for(count);
     std::vector<CoordBox> partial(static_cast<size_t>(max_chunks));
     parallel_chunks(count, [&](int64_t begin, int64_t end, int chunk, int) {
         CoordBox box;
-        if (begin < end) box.lo = box.hi = {v[3 * begin], v[3 * begin + 1], v[3 * begin + 2]};
+        if (begin < end) box.lo = box.hi = {ijk[3 * begin], ijk[3 * begin + 1], ijk[3 * begin + 2]};
         for (int64_t n = begin; n < end; ++n)
             for (int a = 0; a < 3; ++a) {
-                box.lo[a] = std::min(box.lo[a], v[3 * n + a]);
-                box.hi[a] = std::max(box.hi[a], v[3 * n + a]);
+                box.lo[a] = std::min(box.lo[a], ijk[3 * n + a]);
+                box.hi[a] = std::max(box.hi[a], ijk[3 * n + a]);
             }
         partial[chunk] = box;
     });
-    for (const CoordBox& box : partial) topology.box = union_box(topology.box, box);
+    CoordBox box;
+    for (const CoordBox& p : partial) box = union_box(box, p);
+    return box;
+}
+
+
+GridTopology finish_topology(Buffer<int32_t> ijk, std::vector<int64_t> offsets, const Context& ctx) {
+    GridTopology topology;
+    topology.box = coordinate_box(ijk.data(), ijk.size() / 3);
     topology.offsets_buffer = Buffer<int64_t>::from_host(offsets, ctx);
     topology.offsets = std::move(offsets);
     topology.ijk = std::move(ijk);
@@ -257,29 +263,10 @@ void push_box_keys(const KeyCodec& codec, int64_t member, const int64_t lo[3], c
 
 // ---- backend functions ----------------------------------------------------------------------------
 
-CoordBox coordinate_box(const int32_t* ijk, int64_t count, const Context&) {
-    const int max_chunks = threads_for(count);
-    std::vector<CoordBox> partial(static_cast<size_t>(max_chunks));
-    parallel_chunks(count, [&](int64_t begin, int64_t end, int chunk, int) {
-        CoordBox box;
-        if (begin < end) box.lo = box.hi = {ijk[3 * begin], ijk[3 * begin + 1], ijk[3 * begin + 2]};
-        for (int64_t n = begin; n < end; ++n)
-            for (int a = 0; a < 3; ++a) {
-                box.lo[a] = std::min(box.lo[a], ijk[3 * n + a]);
-                box.hi[a] = std::max(box.hi[a], ijk[3 * n + a]);
-            }
-        partial[chunk] = box;
-    });
-    CoordBox box;
-    for (const CoordBox& p : partial) box = union_box(box, p);
-    return box;
-}
-
-GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offsets, const CoordBox& box,
-                            const Context& ctx) {
+GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offsets, const Context& ctx) {
     const int64_t batch_size = static_cast<int64_t>(offsets.size()) - 1;
     const int64_t count = offsets.back();
-    const KeyCodec codec = make_codec(box, batch_size);
+    const KeyCodec codec = make_codec(coordinate_box(ijk, count), batch_size);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
         std::vector<KeyT> keys(static_cast<size_t>(count));

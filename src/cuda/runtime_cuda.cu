@@ -1,6 +1,8 @@
 // CUDA runtime glue of the core: the default stream-ordered allocator and copies. No torch here.
 #include <sparsegrid/types.h>
 
+#include <sparsegrid/buffer.h>
+
 #include "core/checks.h"
 
 #include <cuda_runtime.h>
@@ -65,7 +67,10 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     const int index = dst_device.is_cuda() ? dst_device.index : src_device.index;
     DeviceGuard guard(index);
     SPARSEGRID_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-    if (dst_device.is_cpu()) SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(s));
+    if (dst_device.is_cpu()) {
+        count_host_synchronization();
+        SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
 }
 
 int device_count() {
