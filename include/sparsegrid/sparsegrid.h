@@ -3,6 +3,8 @@
 
 #include <sparsegrid/buffer.h>
 #include <sparsegrid/grid_batch.h>
+#include <sparsegrid/io.h>
 #include <sparsegrid/kernel_map.h>
+#include <sparsegrid/shapes.h>
 #include <sparsegrid/types.h>
 #include <sparsegrid/version.h>
