@@ -10,6 +10,7 @@
 #include <sparsegrid/version.h>
 
 #include <algorithm>
+#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -45,15 +46,42 @@ struct Timing {
     double min_ms = 0.0;
 };
 
+/// Device memory the library holds through this allocator: current and peak bytes since reset().
+class TrackingAllocator final : public sparsegrid::Allocator {
+public:
+    explicit TrackingAllocator(sparsegrid::Device device) : m_inner(sparsegrid::default_allocator(device)) {}
+    void* allocate(std::size_t bytes, sparsegrid::Device device, void* stream) override {
+        void* ptr = m_inner.allocate(bytes, device, stream);
+        m_current += bytes;
+        m_peak = std::max(m_peak, m_current);
+        return ptr;
+    }
+    void deallocate(void* ptr, std::size_t bytes, sparsegrid::Device device, void* stream) noexcept override {
+        m_inner.deallocate(ptr, bytes, device, stream);
+        m_current -= bytes;
+    }
+    void reset_peak() { m_peak = m_current; }
+    std::size_t current() const { return m_current; }
+    std::size_t peak() const { return m_peak; }
+
+private:
+    sparsegrid::Allocator& m_inner;
+    std::size_t m_current = 0;
+    std::size_t m_peak = 0;
+};
+
+/// Median and min over `repeats` runs after `warmup` runs, timed on the context's stream (CUDA events
+/// on a GPU, so asynchronous work is counted in full).
 template <typename Fn>
-Timing measure(int warmup, int repeats, Fn&& run_once) {
+Timing measure(const Context& context, int warmup, int repeats, Fn&& run_once) {
     for (int i = 0; i < warmup; ++i) run_once();
+    sparsegrid::synchronize(context);
+    sparsegrid::StreamTimer timer(context);
     std::vector<double> samples_ms;
     for (int i = 0; i < repeats; ++i) {
-        const auto start = std::chrono::steady_clock::now();
+        timer.start();
         run_once();
-        const auto stop = std::chrono::steady_clock::now();
-        samples_ms.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+        samples_ms.push_back(timer.stop_ms());
     }
     std::sort(samples_ms.begin(), samples_ms.end());
     const std::size_t n = samples_ms.size();
@@ -61,22 +89,11 @@ Timing measure(int warmup, int repeats, Fn&& run_once) {
     return {median, samples_ms.front()};
 }
 
-/// Blocks until the producer of `buffer` has finished: copying its last element to the host waits for
-/// the stream on CUDA (the core has no separate synchronise call). Nothing to wait for on the CPU.
-template <typename T>
-void wait_until_ready(const Buffer<T>& buffer, void* stream) {
-    if (!buffer.device().is_cuda() || buffer.empty()) return;
-    T last;
-    sparsegrid::detail::copy_bytes(&last, sparsegrid::Device::cpu(), buffer.data() + (buffer.size() - 1),
-                                   buffer.device(), sizeof(T), stream);
-}
-
-void wait_until_ready(const GridBatch& grid) { wait_until_ready(grid.ijk(), grid.context().stream); }
-
 // ---- the workload --------------------------------------------------------------------------------
 
 /// Everything the cases read, built once before any timing.
 struct Workload {
+    std::shared_ptr<TrackingAllocator> allocator;  // every buffer of the library goes through it
     Context context;
     std::string description;
     HostBatch input;              // input lists as given (not in voxel order), flattened
@@ -134,6 +151,8 @@ Span<const uint8_t> span_of(const Buffer<uint8_t>& mask) { return {mask.data(), 
 Workload make_workload(const BenchOptions& options) {
     Workload w;
     w.context.device = options.device;
+    w.allocator = std::make_shared<TrackingAllocator>(options.device);
+    w.context.allocator = w.allocator.get();
     w.input = flatten(load_members(options, w.description));
     w.input_ijk = Buffer<int32_t>::from_host(flat_coordinates(w.input), w.context);
     w.grid = GridBatch::from_ijk(w.input_span(), w.input.offsets, {}, w.context);
@@ -180,7 +199,6 @@ BenchCase grid_case(const Workload& w, std::string operation, GridOp op, KeyRefe
     c.operation = std::move(operation);
     c.run = [op] {
         const GridBatch result = op();
-        wait_until_ready(result);
         return result.num_voxels();
     };
     if (w.reference_available) {
@@ -198,7 +216,6 @@ BenchCase map_case(const Workload& w, std::string operation, MapOp op, MapRefere
     c.operation = std::move(operation);
     c.run = [&w, op] {
         const KernelMap map = op();
-        wait_until_ready(map.neighbour_map(), w.stream());
         return map.num_target();
     };
     if (w.reference_available) {
@@ -230,7 +247,6 @@ BenchCase ijk_to_index_case(const Workload& w) {
     const auto lookup = [&w] { return w.grid.ijk_to_index(w.grid_ijk_span(), w.grid.voxel_offsets()); };
     c.run = [&w, lookup] {
         const Buffer<int64_t> indices = lookup();
-        wait_until_ready(indices, w.stream());
         return indices.size();
     };
     c.check = [&w, lookup] {
@@ -250,7 +266,6 @@ BenchCase pairs_by_tap_case(const Workload& w) {
     c.operation = "pairs_by_tap (k3s1 map)";
     c.run = [&w] {
         const sparsegrid::PairLists pairs = w.map_k3s1.pairs_by_tap();
-        wait_until_ready(pairs.target_index, w.stream());
         return pairs.num_pairs();
     };
     c.check = [&w] {
@@ -338,6 +353,8 @@ struct BenchRow {
     std::string operation;
     int64_t output_voxels = 0;
     Timing timing;
+    int64_t host_syncs = 0;       // host synchronisations of one run
+    std::size_t peak_bytes = 0;   // library memory held at the peak of one run, above what it held before
     std::optional<Timing> baseline;
     std::string check = "-";  // "ok", "MISMATCH" or "-" (not checked)
     std::string mismatch;     // what differs, for MISMATCH
@@ -345,10 +362,18 @@ struct BenchRow {
 
 volatile std::size_t g_baseline_sink = 0;  // keeps the reference's work observable
 
-BenchRow run_case(const BenchCase& c, const BenchOptions& options) {
+BenchRow run_case(const BenchCase& c, const BenchOptions& options, const Workload& w) {
     BenchRow row;
     row.operation = c.operation;
-    row.timing = measure(options.warmup, options.repeats, [&] { row.output_voxels = c.run(); });
+    row.timing = measure(w.context, options.warmup, options.repeats, [&] { row.output_voxels = c.run(); });
+    // One more run, counted rather than timed.
+    sparsegrid::synchronize(w.context);
+    w.allocator->reset_peak();
+    const std::size_t held_before = w.allocator->current();
+    const int64_t syncs_before = sparsegrid::host_synchronizations();
+    c.run();
+    row.host_syncs = sparsegrid::host_synchronizations() - syncs_before;
+    row.peak_bytes = w.allocator->peak() - held_before;
     if (options.check && c.check) {
         row.mismatch = c.check();
         row.check = row.mismatch.empty() ? "ok" : "MISMATCH";
@@ -356,7 +381,8 @@ BenchRow run_case(const BenchCase& c, const BenchOptions& options) {
     if (c.baseline) {
         const int warmup = std::min(options.warmup, kMaxBaselineWarmup);
         const int repeats = std::min(options.repeats, kMaxBaselineRepeats);
-        row.baseline = measure(warmup, repeats, [&] { g_baseline_sink = g_baseline_sink + c.baseline(); });
+        const Context host;
+        row.baseline = measure(host, warmup, repeats, [&] { g_baseline_sink = g_baseline_sink + c.baseline(); });
     }
     return row;
 }
@@ -413,12 +439,13 @@ private:
 };
 
 void print_table(const std::vector<BenchRow>& rows, std::ostream& out) {
-    TextTable table({"operation", "output voxels", "median ms", "min ms", "M voxels/s", "baseline ms",
-                     "baseline/sparsegrid", "check"});
+    TextTable table({"operation", "output voxels", "median ms", "min ms", "M voxels/s", "syncs", "peak MB",
+                     "baseline ms", "baseline/sparsegrid", "check"});
     for (const BenchRow& row : rows) {
         const std::optional<double> ratio = baseline_ratio(row);
         table.add_row({row.operation, std::to_string(row.output_voxels), format_fixed(row.timing.median_ms, 3),
                        format_fixed(row.timing.min_ms, 3), format_fixed(voxels_per_second_millions(row), 1),
+                       std::to_string(row.host_syncs), format_fixed(static_cast<double>(row.peak_bytes) / 1e6, 2),
                        row.baseline ? format_fixed(row.baseline->median_ms, 3) : "",
                        ratio ? format_fixed(*ratio, 2) + "x" : "", row.check});
     }
@@ -439,7 +466,8 @@ void print_header(const BenchOptions& options, const Workload& w, std::ostream& 
         << w.grid.num_voxels() << " in the grid\n"
         << "device:   " << options.device.str() << ", " << effective_threads() << " OpenMP threads\n"
         << "timing:   median and min of " << options.repeats << " runs after " << options.warmup
-        << " warm-up runs (steady_clock; results waited for on CUDA)\n";
+        << " warm-up runs (CUDA events on a GPU, steady_clock on the CPU); syncs and peak MB\n"
+        << "          (library memory above what it held before) from one further run\n";
     if (w.reference_available)
         out << "baseline: naive single-threaded reference in this tool (sort + unique of packed 64-bit keys;\n"
             << "          std::unordered_map lookups), median of up to " << kMaxBaselineRepeats << " runs\n";
@@ -503,6 +531,7 @@ void write_json(const std::string& path, const BenchOptions& options, const Work
              << ", \"median_ms\": " << json_number(row.timing.median_ms)
              << ", \"min_ms\": " << json_number(row.timing.min_ms)
              << ", \"mvoxels_per_s\": " << json_number(voxels_per_second_millions(row))
+             << ", \"host_syncs\": " << row.host_syncs << ", \"peak_bytes\": " << row.peak_bytes
              << ", \"baseline_median_ms\": " << json_optional(baseline_ms)
              << ", \"baseline_ratio\": " << json_optional(baseline_ratio(row))
              << ", \"check\": " << json_string(row.check) << "}" << (r + 1 < rows.size() ? "," : "") << '\n';
@@ -532,7 +561,7 @@ int run_bench(const BenchOptions& options, std::ostream& out) {
     std::vector<BenchCase> cases = topology_cases(workload);
     for (BenchCase& c : lookup_cases(workload)) cases.push_back(std::move(c));
     std::vector<BenchRow> rows;
-    for (const BenchCase& c : cases) rows.push_back(run_case(c, options));
+    for (const BenchCase& c : cases) rows.push_back(run_case(c, options, workload));
 
     print_table(rows, out);
     print_mismatches(rows, out);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -74,6 +75,29 @@ int cuda_device_count();
 /// the host for a CUDA stream, e.g. to read back a data-dependent output size. Always 0 on the CPU
 /// backend. Tests and benchmarks read it before and after an operation to count that operation's syncs.
 int64_t host_synchronizations();
+
+/// Waits until all work queued on the context's stream has finished (no-op on the CPU). An explicit
+/// request of the caller, so not counted by host_synchronizations().
+void synchronize(const Context& ctx);
+
+/// Measures the time of work queued on a context's stream between start() and stop_ms(): CUDA events
+/// on a CUDA device, a steady clock on the CPU. stop_ms() waits for the stream (not counted by
+/// host_synchronizations()).
+class StreamTimer {
+public:
+    explicit StreamTimer(const Context& ctx);
+    ~StreamTimer();
+    StreamTimer(const StreamTimer&) = delete;
+    StreamTimer& operator=(const StreamTimer&) = delete;
+    void start();
+    double stop_ms();
+
+private:
+    Context m_ctx;
+    void* m_start_event = nullptr;
+    void* m_stop_event = nullptr;
+    std::chrono::steady_clock::time_point m_begin;
+};
 
 /// Number of threads the CPU backend uses (OpenMP). set_cpu_threads(0) restores the default.
 int cpu_threads();

@@ -20,6 +20,11 @@ Allocator& default_allocator();
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream);
 void fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream);
 int device_count();
+void synchronize(const Context& ctx);
+void* create_event(Device device);
+void destroy_event(void* event) noexcept;
+void record_event(void* event, const Context& ctx);
+double elapsed_ms(void* start, void* stop);
 }  // namespace detail::cuda_runtime
 #endif
 
@@ -77,6 +82,52 @@ int cuda_device_count() {
 #endif
 }
 
+void synchronize(const Context& ctx) {
+    if (ctx.device.is_cpu()) return;
+#if defined(SPARSEGRID_WITH_CUDA)
+    detail::cuda_runtime::synchronize(ctx);
+#else
+    detail::throw_backend_unavailable("synchronize", ctx.device);
+#endif
+}
+
+StreamTimer::StreamTimer(const Context& ctx) : m_ctx(ctx) {
+    if (ctx.device.is_cpu()) return;
+#if defined(SPARSEGRID_WITH_CUDA)
+    m_start_event = detail::cuda_runtime::create_event(ctx.device);
+    m_stop_event = detail::cuda_runtime::create_event(ctx.device);
+#else
+    detail::throw_backend_unavailable("StreamTimer", ctx.device);
+#endif
+}
+
+StreamTimer::~StreamTimer() {
+#if defined(SPARSEGRID_WITH_CUDA)
+    if (m_start_event) detail::cuda_runtime::destroy_event(m_start_event);
+    if (m_stop_event) detail::cuda_runtime::destroy_event(m_stop_event);
+#endif
+}
+
+void StreamTimer::start() {
+#if defined(SPARSEGRID_WITH_CUDA)
+    if (m_start_event) {
+        detail::cuda_runtime::record_event(m_start_event, m_ctx);
+        return;
+    }
+#endif
+    m_begin = std::chrono::steady_clock::now();
+}
+
+double StreamTimer::stop_ms() {
+#if defined(SPARSEGRID_WITH_CUDA)
+    if (m_stop_event) {
+        detail::cuda_runtime::record_event(m_stop_event, m_ctx);
+        return detail::cuda_runtime::elapsed_ms(m_start_event, m_stop_event);
+    }
+#endif
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - m_begin).count();
+}
+
 int cpu_threads() { return g_requested_threads > 0 ? g_requested_threads : omp_get_max_threads(); }
 
 void set_cpu_threads(int num_threads) {
@@ -89,9 +140,7 @@ void set_cpu_threads(int num_threads) {
 namespace detail {
 
 [[noreturn]] void throw_backend_unavailable(const char* op, Device device) {
-    throw_error(op, ": no backend for device ", device.str(), " in this build of sparsegrid",
-                cuda_backend_available() ? " (the CUDA backend does not implement this operation yet)"
-                                         : " (built without CUDA)");
+    throw_error(op, ": device ", device.str(), " is not available: this build of sparsegrid has no CUDA backend");
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream) {

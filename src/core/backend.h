@@ -38,7 +38,7 @@ namespace cpu {
 SPARSEGRID_BACKEND_FUNCTIONS
 }  // namespace cpu
 
-#if defined(SPARSEGRID_CUDA_TOPOLOGY)
+#if defined(SPARSEGRID_WITH_CUDA)
 namespace cuda {
 SPARSEGRID_BACKEND_FUNCTIONS
 }  // namespace cuda
@@ -48,7 +48,7 @@ SPARSEGRID_BACKEND_FUNCTIONS
 [[noreturn]] void throw_backend_unavailable(const char* op, Device device);
 
 /// Runs `cpu_call` or `cuda_call` for the context's device.
-#if defined(SPARSEGRID_CUDA_TOPOLOGY)
+#if defined(SPARSEGRID_WITH_CUDA)
 #define SPARSEGRID_DISPATCH(op, ctx, call)                                                  \
     ((ctx).device.is_cpu() ? ::sparsegrid::detail::cpu::call                                \
                            : ::sparsegrid::detail::cuda::call)

@@ -1,46 +1,99 @@
-// CUDA runtime glue of the core: the default stream-ordered allocator and copies. No torch here.
+// CUDA runtime glue of the core: the default stream-ordered allocator, copies, the debug switch and
+// the pinned readback. No torch here.
+#include <sparsegrid/buffer.h>
 #include <sparsegrid/types.h>
 
-#include <sparsegrid/buffer.h>
+#include "cuda/cuda_common.cuh"
 
-#include "core/checks.h"
+#include <cstdlib>
+#include <cstring>
+#include <string>
 
-#include <cuda_runtime.h>
+namespace sparsegrid::detail {
 
-namespace sparsegrid::detail::cuda_runtime {
+namespace cuda {
 
-#define SPARSEGRID_CUDA_CHECK(expr)                                                                   \
-    do {                                                                                              \
-        const cudaError_t sg_status = (expr);                                                         \
-        if (sg_status != cudaSuccess)                                                                 \
-            ::sparsegrid::detail::throw_error(#expr, " failed at ", __FILE__, ":", __LINE__, ": ",    \
-                                              cudaGetErrorString(sg_status));                         \
-    } while (0)
+bool debug_sync_enabled() {
+    static const bool enabled = [] {
+        const char* value = std::getenv("SPARSEGRID_CUDA_DEBUG");
+        return value && std::string(value) != "0" && std::string(value) != "";
+    }();
+    return enabled;
+}
+
+DeviceGuard::DeviceGuard(const Context& ctx) : m_index(ctx.device.index) {
+    SPARSEGRID_CUDA_CHECK(cudaGetDevice(&m_previous));
+    if (m_previous != m_index) SPARSEGRID_CUDA_CHECK(cudaSetDevice(m_index));
+}
+
+DeviceGuard::~DeviceGuard() {
+    if (m_previous != m_index) cudaSetDevice(m_previous);
+}
 
 namespace {
 
-class DeviceGuard {
-public:
-    explicit DeviceGuard(int index) {
-        SPARSEGRID_CUDA_CHECK(cudaGetDevice(&m_previous));
-        if (m_previous != index) SPARSEGRID_CUDA_CHECK(cudaSetDevice(index));
-        m_index = index;
+/// One pinned staging area per host thread, grown on demand and reused: pinned allocation is slow,
+/// and pageable device-to-host copies would wait on their own.
+struct PinnedStaging {
+    unsigned char* data = nullptr;
+    size_t capacity = 0;
+    ~PinnedStaging() {
+        if (data) cudaFreeHost(data);
     }
-    ~DeviceGuard() {
-        if (m_previous != m_index) cudaSetDevice(m_previous);
+    unsigned char* reserve(size_t bytes) {
+        if (bytes > capacity) {
+            if (data) SPARSEGRID_CUDA_CHECK(cudaFreeHost(data));
+            data = nullptr;
+            capacity = 0;
+            const size_t rounded = std::max<size_t>(bytes, 4096) * 2;
+            SPARSEGRID_CUDA_CHECK(cudaMallocHost(&data, rounded));
+            capacity = rounded;
+        }
+        return data;
     }
-
-private:
-    int m_previous = 0;
-    int m_index = 0;
 };
+
+thread_local PinnedStaging t_staging;
+
+}  // namespace
+
+size_t Readback::enqueue_bytes(const void* device_data, size_t bytes) {
+    const size_t slot = m_total;
+    m_requests.emplace_back(device_data, bytes);
+    m_slots.push_back(slot);
+    m_total += (bytes + 15) / 16 * 16;
+    return slot;
+}
+
+void Readback::wait() {
+    DeviceGuard guard(m_ctx);
+    unsigned char* staging = t_staging.reserve(m_total);
+    const cudaStream_t stream = stream_of(m_ctx);
+    for (size_t r = 0; r < m_requests.size(); ++r)
+        if (m_requests[r].second > 0)
+            SPARSEGRID_CUDA_CHECK(cudaMemcpyAsync(staging + m_slots[r], m_requests[r].first, m_requests[r].second,
+                                                  cudaMemcpyDeviceToHost, stream));
+    count_host_synchronization();
+    SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(stream));
+    m_staging = staging;
+}
+
+void Readback::copy_out(size_t slot, void* dst, size_t bytes) const {
+    if (bytes > 0) std::memcpy(dst, m_staging + slot, bytes);
+}
+
+}  // namespace cuda
+
+namespace cuda_runtime {
+
+namespace {
 
 /// Stream-ordered allocation from the device's default memory pool.
 class StreamOrderedAllocator final : public Allocator {
 public:
     void* allocate(std::size_t bytes, Device device, void* stream) override {
         if (bytes == 0) return nullptr;
-        DeviceGuard guard(device.index);
+        cuda::DeviceGuard guard(Context{device, stream, nullptr});
         void* ptr = nullptr;
         SPARSEGRID_CUDA_CHECK(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream)));
         return ptr;
@@ -62,17 +115,6 @@ Allocator& default_allocator() {
     return allocator;
 }
 
-void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream) {
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);
-    const int index = dst_device.is_cuda() ? dst_device.index : src_device.index;
-    DeviceGuard guard(index);
-    SPARSEGRID_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
-    if (dst_device.is_cpu()) {
-        count_host_synchronization();
-        SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(s));
-    }
-}
-
 int device_count() {
     int count = 0;
     // No driver or no device is not an error here: the answer is simply zero.
@@ -83,9 +125,47 @@ int device_count() {
     return count;
 }
 
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream) {
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    const Device device = dst_device.is_cuda() ? dst_device : src_device;
+    cuda::DeviceGuard guard(Context{device, stream, nullptr});
+    SPARSEGRID_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+    if (dst_device.is_cpu()) {
+        count_host_synchronization();
+        SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
+}
+
+void synchronize(const Context& ctx) {
+    cuda::DeviceGuard guard(ctx);
+    SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream)));
+}
+
+void* create_event(Device device) {
+    cuda::DeviceGuard guard(Context{device, nullptr, nullptr});
+    cudaEvent_t event = nullptr;
+    SPARSEGRID_CUDA_CHECK(cudaEventCreate(&event));
+    return event;
+}
+
+void destroy_event(void* event) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
+void record_event(void* event, const Context& ctx) {
+    cuda::DeviceGuard guard(ctx);
+    SPARSEGRID_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(ctx.stream)));
+}
+
+double elapsed_ms(void* start, void* stop) {
+    SPARSEGRID_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
+    float ms = 0.0f;
+    SPARSEGRID_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
+    return ms;
+}
+
 void fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream) {
-    DeviceGuard guard(device.index);
+    cuda::DeviceGuard guard(Context{device, stream, nullptr});
     SPARSEGRID_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
 }
 
-}  // namespace sparsegrid::detail::cuda_runtime
+}  // namespace cuda_runtime
+}  // namespace sparsegrid::detail

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with an NVIDIA GPU, configures and builds everything, runs the whole
+# test suite (every case on CPU and CUDA), runs compute-sanitizer memcheck on the CUDA cases, and
+# benchmarks the reference workload (batch 16, 32, 48) against the torch-native baseline when torch
+# is importable. Usage: scripts/gpu-check.sh OUT_DIR
+# Writes into OUT_DIR: gpu-check.log (every step's output and a PASS/FAIL summary), bench_bN.json,
+# torch_bN.json and compare.md. Exits non-zero when a build, test or memcheck step fails.
+set -uo pipefail
+out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build/gpu"
+log="$out/gpu-check.log"
+: >"$log"
+status=0
+declare -a summary
+
+step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
+  local name=$1
+  shift
+  echo "==== $name: $*" >>"$log"
+  local start=$SECONDS
+  if "$@" >>"$log" 2>&1; then
+    summary+=("PASS $name ($((SECONDS - start)) s)")
+  else
+    summary+=("FAIL $name ($((SECONDS - start)) s)")
+    status=1
+  fi
+}
+
+{ nvidia-smi -L; nvcc --version | tail -2; } >>"$log" 2>&1
+export SPARSEGRID_CUDA_ARCHS="${SPARSEGRID_CUDA_ARCHS:-90a-real}"
+step configure "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON \
+  -DSPARSEGRID_WARNINGS_AS_ERRORS=ON
+step build cmake --build "$build" -j "$(nproc)"
+# Every launch waits and is checked in the tests, so a fault names the launch that caused it.
+step tests env SPARSEGRID_CUDA_DEBUG=1 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
+step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
+  "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*}" --gtest_brief=1
+
+pairs=()
+for members in 16 32 48; do
+  step "bench b$members" "$build/tools/sparsegrid" bench --device cuda --input "$root/data/reference_batch_r64.txt" \
+    --members "$members" --repeats "${SPARSEGRID_BENCH_REPEATS:-30}" --warmup 5 --json "$out/bench_b$members.json"
+  if python3 -c "import torch" >/dev/null 2>&1 && [ -f "$root/bench/torch_baseline.py" ]; then
+    step "torch b$members" python3 "$root/bench/torch_baseline.py" --input "$root/data/reference_batch_r64.txt" \
+      --members "$members" --device cuda --json "$out/torch_b$members.json"
+    pairs+=(--pair "$out/bench_b$members.json" "$out/torch_b$members.json")
+  fi
+done
+if [ ${#pairs[@]} -gt 0 ] && [ -f "$root/bench/compare.py" ]; then
+  python3 "$root/bench/compare.py" "${pairs[@]}" >"$out/compare.md" 2>>"$log" || summary+=("FAIL compare")
+  cat "$out/compare.md" >>"$log"
+fi
+
+{
+  echo "==== summary"
+  printf '%s\n' "${summary[@]}"
+} | tee -a "$log"
+exit $status

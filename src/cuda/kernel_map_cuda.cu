@@ -1,0 +1,242 @@
+// CUDA backend of lookups and kernel maps. A lookup is a binary search over the source grid's keys,
+// which are sorted because the grid is in voxel order; no table has to be built, and the result is
+// deterministic by construction. Every map entry is computed by its own thread.
+#include "core/backend.h"
+#include "core/checks.h"
+#include "cuda/cuda_common.cuh"
+#include "cuda/grid_keys.cuh"
+
+#include <cub/device/device_scan.cuh>
+
+namespace sparsegrid::detail::cuda {
+
+namespace {
+
+/// The voxels of one grid on the device, searchable by (member, coordinate).
+template <typename KeyT>
+struct DeviceLookup {
+    const KeyT* keys;
+    const int64_t* offsets;
+    KeyCodec codec;
+    int32_t lo[3];
+    int32_t hi[3];
+    bool empty;
+
+    __device__ __forceinline__ int64_t find(int64_t member, const int64_t q[3]) const {
+        if (empty) return -1;
+        for (int a = 0; a < 3; ++a)
+            if (q[a] < lo[a] || q[a] > hi[a]) return -1;
+        const KeyT key = encode_key<KeyT>(codec, member, static_cast<int32_t>(q[0]), static_cast<int32_t>(q[1]),
+                                          static_cast<int32_t>(q[2]));
+        const int64_t end = offsets[member + 1];
+        const int64_t pos = lower_bound(keys, offsets[member], end, key);
+        return pos < end && keys[pos] == key ? pos : -1;
+    }
+};
+
+/// Owns the key array a DeviceLookup points into.
+template <typename KeyT>
+struct LookupStorage {
+    Buffer<KeyT> keys;
+    DeviceLookup<KeyT> view;
+};
+
+template <typename KeyT>
+LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) {
+    LookupStorage<KeyT> storage;
+    storage.keys = Buffer<KeyT>::allocate(grid.num_voxels(), grid.context);
+    encode_grid_keys<KeyT>(grid, codec, storage.keys.data());
+    const CoordBox& box = grid.topology.box;
+    storage.view = DeviceLookup<KeyT>{storage.keys.data(), grid.topology.offsets_buffer.data(), codec,
+                                      {box.lo[0], box.lo[1], box.lo[2]}, {box.hi[0], box.hi[1], box.hi[2]}, box.empty()};
+    return storage;
+}
+
+template <typename Fn>
+auto with_lookup(const GridStorage& grid, Fn&& fn) {
+    const KeyCodec codec = make_codec(grid.topology.box, grid.batch_size());
+    if (codec.fits_64()) {
+        const LookupStorage<uint64_t> lookup = make_lookup<uint64_t>(grid, codec);
+        return fn(lookup.view);
+    }
+    const LookupStorage<Key128> lookup = make_lookup<Key128>(grid, codec);
+    return fn(lookup.view);
+}
+
+template <typename KeyT>
+__global__ void ijk_to_index_kernel(DeviceLookup<KeyT> lookup, const int32_t* query_ijk, const int64_t* query_offsets,
+                                    int64_t batch_size, int64_t count, int64_t* out) {
+    SG_GRID_STRIDE_LOOP(n, count) {
+        const int64_t q[3] = {query_ijk[3 * n], query_ijk[3 * n + 1], query_ijk[3 * n + 2]};
+        out[n] = lookup.find(member_of(query_offsets, batch_size, n), q);
+    }
+}
+
+template <typename KeyT>
+__global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* target_ijk, const int64_t* target_offsets,
+                                     int64_t batch_size, int64_t rows, ConvGeometry g, bool forward, int32_t* map) {
+    const int32_t volume = g.kernel_volume();
+    SG_GRID_STRIDE_LOOP(entry, rows * volume) {
+        const int64_t row = entry / volume;
+        int32_t tap[3];
+        g.tap_of(static_cast<int32_t>(entry - row * volume), tap);
+        int64_t q[3];
+        bool reachable = true;
+        for (int a = 0; a < 3; ++a) {
+            const int32_t x = target_ijk[3 * row + a];
+            if (forward) q[a] = g.fine_of(a, x, tap[a]);
+            else reachable = reachable && g.coarse_of(a, x, tap[a], &q[a]);
+        }
+        map[entry] = reachable ? static_cast<int32_t>(lookup.find(member_of(target_offsets, batch_size, row), q)) : -1;
+    }
+}
+
+/// flags[t * rows + r] = 1 for every edge (tap-major, so one scan numbers the edges per tap in
+/// increasing target order); flags[volume * rows] = 0 makes the scan end with the total.
+__global__ void tap_major_flags_kernel(const int32_t* map, int64_t rows, int32_t volume, int64_t* flags) {
+    SG_GRID_STRIDE_LOOP(i, rows * volume + 1) {
+        if (i == rows * volume) {
+            flags[i] = 0;
+            continue;
+        }
+        const int64_t t = i / rows;
+        const int64_t r = i - t * rows;
+        flags[i] = map[r * volume + t] >= 0;
+    }
+}
+
+__global__ void tap_offsets_kernel(const int64_t* position, int64_t rows, int32_t volume, int64_t* tap_offsets) {
+    SG_GRID_STRIDE_LOOP(t, volume + 1) { tap_offsets[t] = position[t * rows]; }
+}
+
+__global__ void pairs_scatter_kernel(const int32_t* map, const int64_t* position, int64_t rows, int32_t volume,
+                                     int32_t* source_index, int32_t* target_index) {
+    SG_GRID_STRIDE_LOOP(i, rows * volume) {
+        const int64_t t = i / rows;
+        const int64_t r = i - t * rows;
+        const int32_t s = map[r * volume + t];
+        if (s < 0) continue;
+        source_index[position[i]] = s;
+        target_index[position[i]] = static_cast<int32_t>(r);
+    }
+}
+
+/// Each (source, tap) has at most one target, so the scattered writes never collide.
+__global__ void transpose_map_kernel(const int32_t* map, int64_t rows, int32_t volume, int32_t* out) {
+    SG_GRID_STRIDE_LOOP(i, rows * volume) {
+        const int32_t s = map[i];
+        if (s < 0) continue;
+        const int64_t r = i / volume;
+        out[int64_t{s} * volume + (i - r * volume)] = static_cast<int32_t>(r);
+    }
+}
+
+__global__ void count_edges_kernel(const int32_t* map, int64_t entries, unsigned long long* total) {
+    unsigned long long local = 0;
+    SG_GRID_STRIDE_LOOP(i, entries) { local += map[i] >= 0; }
+    for (int shift = 16; shift > 0; shift /= 2) local += __shfl_down_sync(0xffffffffu, local, shift);
+    if ((threadIdx.x & 31) == 0 && local > 0) atomicAdd(total, local);
+}
+
+}  // namespace
+
+Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, const std::vector<int64_t>& query_offsets) {
+    const Context& ctx = grid.context;
+    DeviceGuard guard(ctx);
+    const int64_t count = query_offsets.back();
+    Buffer<int64_t> result = Buffer<int64_t>::allocate(count, ctx);
+    if (count == 0) return result;
+    const Buffer<int64_t> offsets = Buffer<int64_t>::from_host(query_offsets, ctx);
+    with_lookup(grid, [&](const auto& lookup) {
+        ijk_to_index_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(
+            lookup, query_ijk, offsets.data(), grid.batch_size(), count, result.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+        return 0;
+    });
+    return result;
+}
+
+Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
+                              MapDirection direction) {
+    const Context& ctx = target.context;
+    DeviceGuard guard(ctx);
+    const int64_t entries = target.num_voxels() * g.kernel_volume();
+    Buffer<int32_t> map = Buffer<int32_t>::allocate(entries, ctx);
+    if (entries == 0) return map;
+    with_lookup(source, [&](const auto& lookup) {
+        neighbour_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(
+            lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
+            target.num_voxels(), g, direction == MapDirection::Forward, map.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+        return 0;
+    });
+    return map;
+}
+
+PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
+    DeviceGuard guard(ctx);
+    const cudaStream_t stream = stream_of(ctx);
+    const int64_t entries = num_target * kernel_volume;
+    Buffer<int64_t> flags = Buffer<int64_t>::allocate(entries + 1, ctx);
+    Buffer<int64_t> position = Buffer<int64_t>::allocate(entries + 1, ctx);
+    tap_major_flags_kernel<<<blocks_for(entries + 1), kThreads, 0, stream>>>(map.data(), num_target, kernel_volume,
+                                                                           flags.data());
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    {
+        TempStorage temp;
+        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, flags.data(), position.data(),
+                                                            entries + 1, stream));
+        temp.ensure(ctx);
+        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags.data(), position.data(),
+                                                            entries + 1, stream));
+    }
+    Buffer<int64_t> tap_offsets = Buffer<int64_t>::allocate(kernel_volume + 1, ctx);
+    tap_offsets_kernel<<<blocks_for(kernel_volume + 1), kThreads, 0, stream>>>(position.data(), num_target,
+                                                                             kernel_volume, tap_offsets.data());
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    Readback readback(ctx);
+    const size_t slot = readback.enqueue(tap_offsets.data(), kernel_volume + 1);
+    readback.wait();
+    PairLists pairs;
+    pairs.tap_offsets = readback.get<int64_t>(slot, kernel_volume + 1);
+    const int64_t total = pairs.tap_offsets.back();
+    pairs.source_index = Buffer<int32_t>::allocate(total, ctx);
+    pairs.target_index = Buffer<int32_t>::allocate(total, ctx);
+    if (total > 0) {
+        pairs_scatter_kernel<<<blocks_for(entries), kThreads, 0, stream>>>(map.data(), position.data(), num_target,
+                                                                         kernel_volume, pairs.source_index.data(),
+                                                                         pairs.target_index.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    }
+    return pairs;
+}
+
+Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,
+                              int32_t kernel_volume, const Context& ctx) {
+    DeviceGuard guard(ctx);
+    Buffer<int32_t> result = Buffer<int32_t>::allocate(num_source * kernel_volume, ctx);
+    fill_bytes(result.data(), ctx.device, 0xff, static_cast<size_t>(result.size()) * sizeof(int32_t), ctx.stream);
+    const int64_t entries = num_target * kernel_volume;
+    if (entries > 0) {
+        transpose_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(map.data(), num_target,
+                                                                                 kernel_volume, result.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+    }
+    return result;
+}
+
+int64_t count_edges(const Buffer<int32_t>& map, const Context& ctx) {
+    DeviceGuard guard(ctx);
+    Buffer<unsigned long long> total = Buffer<unsigned long long>::allocate(1, ctx);
+    fill_bytes(total.data(), ctx.device, 0, sizeof(unsigned long long), ctx.stream);
+    if (map.size() > 0) {
+        count_edges_kernel<<<blocks_for(map.size()), kThreads, 0, stream_of(ctx)>>>(map.data(), map.size(), total.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+    }
+    Readback readback(ctx);
+    const size_t slot = readback.enqueue(total.data(), 1);
+    readback.wait();
+    return static_cast<int64_t>(readback.get<unsigned long long>(slot, 1)[0]);
+}
+
+}  // namespace sparsegrid::detail::cuda
