@@ -32,7 +32,8 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
 export SPARSEGRID_CUDA_ARCHS="${SPARSEGRID_CUDA_ARCHS:-90a-real}"
 step configure "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON \
   -DSPARSEGRID_WARNINGS_AS_ERRORS=ON
-step build cmake --build "$build" -j "$(nproc)"
+step "build library and tool" cmake --build "$build" -j "$(nproc)" --target sparsegrid_cli
+step "build tests" cmake --build "$build" -j "$(nproc)"
 # Every launch waits and is checked in the tests, so a fault names the launch that caused it.
 step tests env SPARSEGRID_CUDA_DEBUG=1 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \

@@ -1,5 +1,5 @@
 // GridBatch construction and accessors: from_points, world <-> index transforms, ijk_to_index lookups,
-// and the full int32 coordinate range.
+// and the full int32 coordinate range. Every test runs on each backend present (test_util.h).
 #include "oracle.h"
 #include "test_util.h"
 
@@ -11,15 +11,19 @@
 namespace sparsegrid_test {
 namespace {
 
-TEST(GridBatch, AccessorsOfTransforms) {
+class GridBatchTest : public BackendTest {};
+INSTANTIATE_TEST_SUITE_P(, GridBatchTest, ::testing::ValuesIn(available_backends()), backend_name);
+
+TEST_P(GridBatchTest, AccessorsOfTransforms) {
     const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}}, {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
-    const GridBatch grid = GridBatch::from_ijk(MemberLists{{{1, 2, 3}}, {}}, transforms);
+    const GridBatch grid = make_grid(MemberLists{{{1, 2, 3}}, {}}, transforms);
     EXPECT_EQ(grid.transforms(), transforms);
     EXPECT_EQ(grid.voxel_size(0), transforms[0].voxel_size);
     EXPECT_EQ(grid.voxel_size(1), transforms[1].voxel_size);
     EXPECT_EQ(grid.origin(0), transforms[0].origin);
     EXPECT_EQ(grid.origin(1), transforms[1].origin);
-    EXPECT_EQ(grid.context().device, sparsegrid::Device::cpu());
+    EXPECT_EQ(grid.context().device, device());
+    EXPECT_EQ(grid.device(), device());
     // xyz = o + h * ijk
     const Vec3d world = grid.index_to_world(0, {1.0, 2.0, 3.0});
     EXPECT_DOUBLE_EQ(world[0], 1.5);
@@ -35,11 +39,11 @@ TEST(GridBatch, AccessorsOfTransforms) {
     EXPECT_NEAR(index[2], 2.0, 1e-9);
 }
 
-TEST(GridBatch, WorldIndexRoundTrip) {
+TEST_P(GridBatchTest, WorldIndexRoundTrip) {
     Rng rng(77);
     SCOPED_TRACE("seed=77");
     const std::vector<MemberTransform> transforms = random_transforms(rng, 5);
-    const GridBatch grid = GridBatch::from_ijk(MemberLists(5), transforms);
+    const GridBatch grid = make_grid(MemberLists(5), transforms);
     for (int n = 0; n < 500; ++n) {
         const int64_t m = uniform_int(rng, 0, 4);
         const Vec3d ijk{uniform_real(rng, -500, 500), uniform_real(rng, -500, 500), uniform_real(rng, -500, 500)};
@@ -55,7 +59,7 @@ TEST(GridBatch, WorldIndexRoundTrip) {
     }
 }
 
-TEST(GridBatch, FromPointsRandom) {
+TEST_P(GridBatchTest, FromPointsRandom) {
     for (uint64_t seed : test_seeds()) {
         SCOPED_TRACE("seed=" + std::to_string(seed));
         Rng rng(seed + 200);
@@ -90,23 +94,19 @@ TEST(GridBatch, FromPointsRandom) {
                 expected[static_cast<std::size_t>(m)].insert(any_voxel);
             }
         }
-        const GridBatch grid = GridBatch::from_points(points, transforms);
-        EXPECT_TRUE(grid_matches(grid, expected));
+        const GridBatch grid = GridBatch::from_points(points, transforms, ctx());
+        EXPECT_TRUE(grid_matches(grid, expected, device()));
         EXPECT_EQ(grid.transforms(), transforms);
         // Span version, same answer.
-        std::vector<double> flat;
-        std::vector<int64_t> offsets{0};
-        for (const auto& member : points) {
-            for (const Vec3d& p : member) flat.insert(flat.end(), p.begin(), p.end());
-            offsets.push_back(static_cast<int64_t>(flat.size() / 3));
-        }
-        const GridBatch spans = GridBatch::from_points(sparsegrid::Span<const double>(flat), offsets, transforms);
+        const FlatTriples<double> flat = flatten(points);
+        const GridBatch spans = GridBatch::from_points(on_device(flat.values), flat.offsets, transforms, ctx());
+        EXPECT_TRUE(grid_is_well_formed(spans, device()));
         EXPECT_EQ(spans.ijk_host(), grid.ijk_host());
         EXPECT_EQ(spans.voxel_offsets(), grid.voxel_offsets());
     }
 }
 
-TEST(GridBatch, FromPointsVoxelBoundaries) {
+TEST_P(GridBatchTest, FromPointsVoxelBoundaries) {
     // Dyadic transforms make every computation exact, so boundaries are decided by the formula alone:
     // floor((x - o)/h + 1/2): a point exactly half way between voxel centres i and i+1 belongs to i+1.
     const MemberTransform t0{{0.5, 0.25, 2.0}, {0.25, -1.0, 3.0}};
@@ -118,11 +118,11 @@ TEST(GridBatch, FromPointsVoxelBoundaries) {
     const std::vector<std::vector<Vec3d>> points{
         {at(t0, {0.5, -0.5, 2.5}), at(t0, {-3.5, 7.5, -0.5}), at(t0, {-1.0, 0.0, 1.0})},
         {{-0.5, 0.5, -1.5}, {0.4999999, -0.5000001, 2.0}, {-7.25, -7.75, 3.4999}}};
-    const GridBatch grid = GridBatch::from_points(points, {t0, t1});
+    const GridBatch grid = GridBatch::from_points(points, {t0, t1}, ctx());
     OracleBatch expected(2);
     expected[0] = {{1, 0, 3}, {-3, 8, 0}, {-1, 0, 1}};
     expected[1] = {{0, 1, -1}, {0, -1, 2}, {-7, -8, 3}};
-    EXPECT_TRUE(grid_matches(grid, expected));
+    EXPECT_TRUE(grid_matches(grid, expected, device()));
 
     // Just either side of a boundary with a non-dyadic transform.
     const MemberTransform t2{{0.3, 0.7, 1.1}, {-0.2, 0.45, 5.0}};
@@ -133,20 +133,21 @@ TEST(GridBatch, FromPointsVoxelBoundaries) {
         near[0].push_back({boundary[0] - 1e-7, boundary[1] + 1e-7, boundary[2] - 1e-7});
         near_expected[0].insert({i, i + 1, i});
     }
-    EXPECT_TRUE(grid_matches(GridBatch::from_points(near, {t2}), near_expected));
+    EXPECT_TRUE(grid_matches(GridBatch::from_points(near, {t2}, ctx()), near_expected, device()));
 }
 
-TEST(GridBatch, FromPointsInt32Limits) {
+TEST_P(GridBatchTest, FromPointsInt32Limits) {
     const MemberTransform unit{};
     // floor(x + 1/2) must land in int32: INT32_MAX and INT32_MIN themselves are fine.
     const GridBatch edges = GridBatch::from_points(
-        std::vector<std::vector<Vec3d>>{{{2147483647.0, -2147483648.5, 0.0}, {2147483647.4, -2147483648.0, -0.5}}}, {unit});
+        std::vector<std::vector<Vec3d>>{{{2147483647.0, -2147483648.5, 0.0}, {2147483647.4, -2147483648.0, -0.5}}}, {unit},
+        ctx());
     OracleBatch expected(1);
     expected[0].insert({kInt32Max, kInt32Min, 0});
-    EXPECT_TRUE(grid_matches(edges, expected));
+    EXPECT_TRUE(grid_matches(edges, expected, device()));
 }
 
-TEST(GridBatch, IjkToIndexMatchesMap) {
+TEST_P(GridBatchTest, IjkToIndexMatchesMap) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
             const uint64_t seed = test_seeds()[i] + 300 + (far ? 1 : 0);
@@ -155,7 +156,7 @@ TEST(GridBatch, IjkToIndexMatchesMap) {
             RandomBatchOptions options;
             options.batch_size = 1 + static_cast<int64_t>(i % 8);
             options.allow_far = far;
-            const GridBatch grid = GridBatch::from_ijk(random_members(rng, options));
+            const GridBatch grid = make_grid(random_members(rng, options));
             const MemberLists lists = member_lists(grid);
             // Oracle: (member, ijk) -> global index.
             std::map<std::pair<int64_t, Vec3i>, int64_t> where;
@@ -184,13 +185,9 @@ TEST(GridBatch, IjkToIndexMatchesMap) {
                 }
             EXPECT_EQ(grid.ijk_to_index(queries), want);
             // Span version.
-            std::vector<int32_t> flat;
-            std::vector<int64_t> offsets{0};
-            for (const auto& member : queries) {
-                for (const Vec3i& q : member) flat.insert(flat.end(), q.begin(), q.end());
-                offsets.push_back(static_cast<int64_t>(flat.size() / 3));
-            }
-            const sparsegrid::Buffer<int64_t> result = grid.ijk_to_index(sparsegrid::Span<const int32_t>(flat), offsets);
+            const FlatTriples<int32_t> flat = flatten(queries);
+            const sparsegrid::Buffer<int64_t> result = grid.ijk_to_index(on_device(flat.values), flat.offsets);
+            EXPECT_EQ(result.device(), device());
             EXPECT_EQ(result.to_host(), want);
             // Every voxel finds itself.
             std::vector<int64_t> identity(static_cast<std::size_t>(grid.num_voxels()));
@@ -199,16 +196,16 @@ TEST(GridBatch, IjkToIndexMatchesMap) {
         }
 }
 
-TEST(GridBatch, IjkToIndexPerMember) {
+TEST_P(GridBatchTest, IjkToIndexPerMember) {
     // (1,2,3) exists in member 1 only: querying it for member 0 gives -1.
-    const GridBatch grid = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}, {{1, 2, 3}, {0, 0, 0}}, {}});
+    const GridBatch grid = make_grid(MemberLists{{{0, 0, 0}}, {{1, 2, 3}, {0, 0, 0}}, {}});
     EXPECT_EQ(grid.ijk_to_index(MemberLists{{{1, 2, 3}, {0, 0, 0}}, {{1, 2, 3}, {0, 0, 0}, {3, 2, 1}}, {{0, 0, 0}}}),
               (std::vector<int64_t>{-1, 0, 2, 1, -1, -1}));
     // No queries at all.
     EXPECT_TRUE(grid.ijk_to_index(MemberLists(3)).empty());
 }
 
-TEST(GridBatch, Int32ExtremesRoundTrip) {
+TEST_P(GridBatchTest, Int32ExtremesRoundTrip) {
     const MemberLists members{{{kInt32Min, kInt32Max, 0},
                                {kInt32Max, kInt32Max, kInt32Max},
                                {kInt32Min, kInt32Min, kInt32Min},
@@ -218,9 +215,9 @@ TEST(GridBatch, Int32ExtremesRoundTrip) {
                                {kInt32Min, kInt32Min, kInt32Min}},
                               {{kInt32Max, 0, 0}},
                               {}};
-    const GridBatch grid = GridBatch::from_ijk(members);
+    const GridBatch grid = make_grid(members);
     const OracleBatch oracle = oracle_from_lists(members);
-    EXPECT_TRUE(grid_matches(grid, oracle));
+    EXPECT_TRUE(grid_matches(grid, oracle, device()));
     // ijk() round trip as raw ints.
     std::vector<int32_t> flat;
     for (const auto& member : member_lists(grid))
@@ -229,18 +226,19 @@ TEST(GridBatch, Int32ExtremesRoundTrip) {
     EXPECT_EQ(grid.coordinate_box().lo, (Vec3i{kInt32Min, kInt32Min, kInt32Min}));
     EXPECT_EQ(grid.coordinate_box().hi, (Vec3i{kInt32Max, kInt32Max, kInt32Max}));
     // Operations whose output stays in range accept the extremes.
-    EXPECT_TRUE(grid_matches(grid.conv_grid(1, 1), oracle));
-    EXPECT_TRUE(grid_matches(grid.conv_transpose_grid(1, 1), oracle));
-    EXPECT_TRUE(grid_matches(grid.dilated_grid(0), oracle));
-    EXPECT_TRUE(grid_matches(grid.refined_grid(1), oracle));
+    EXPECT_TRUE(grid_matches(grid.conv_grid(1, 1), oracle, device()));
+    EXPECT_TRUE(grid_matches(grid.conv_transpose_grid(1, 1), oracle, device()));
+    EXPECT_TRUE(grid_matches(grid.dilated_grid(0), oracle, device()));
+    EXPECT_TRUE(grid_matches(grid.refined_grid(1), oracle, device()));
     for (const Vec3i& f : {Vec3i{2, 2, 2}, Vec3i{3, 7, 1}, Vec3i{kInt32Max, 2, 5}})
-        EXPECT_TRUE(grid_matches(grid.coarsened_grid(f), oracle_coarsened_grid(oracle, f))) << "factor " << str(f);
+        EXPECT_TRUE(grid_matches(grid.coarsened_grid(f), oracle_coarsened_grid(oracle, f), device())) << "factor " << str(f);
     // conv_grid with K=2 (pb=0), S=2 is floor(ijk/2); K=1 with any stride divides exactly: in range.
-    EXPECT_TRUE(grid_matches(grid.conv_grid(2, 2), oracle_conv_grid(oracle, {2, 2, 2}, {2, 2, 2})));
-    EXPECT_TRUE(grid_matches(grid.conv_grid({1, 1, 1}, {5, 3, 4}), oracle_conv_grid(oracle, {1, 1, 1}, {5, 3, 4})));
+    EXPECT_TRUE(grid_matches(grid.conv_grid(2, 2), oracle_conv_grid(oracle, {2, 2, 2}, {2, 2, 2}), device()));
+    EXPECT_TRUE(grid_matches(grid.conv_grid({1, 1, 1}, {5, 3, 4}), oracle_conv_grid(oracle, {1, 1, 1}, {5, 3, 4}), device()));
     const std::vector<uint8_t> mask{1, 0, 1, 0, 1, 1, 0};
-    EXPECT_TRUE(grid_matches(grid.pruned_grid(mask), oracle_pruned_grid(member_lists(grid), mask)));
-    EXPECT_TRUE(grid_matches(grid.merged_grid(grid.pruned_grid(mask)), oracle));
+    const DeviceArray<uint8_t> device_mask = on_device(mask);
+    EXPECT_TRUE(grid_matches(grid.pruned_grid(device_mask), oracle_pruned_grid(member_lists(grid), mask), device()));
+    EXPECT_TRUE(grid_matches(grid.merged_grid(grid.pruned_grid(device_mask)), oracle, device()));
     // Lookups at the extremes.
     ASSERT_EQ(grid.num_voxels(), 7);  // 6 distinct in member 0, 1 in member 1
     EXPECT_EQ(grid.ijk_to_index(member_lists(grid)), (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
@@ -248,21 +246,22 @@ TEST(GridBatch, Int32ExtremesRoundTrip) {
     EXPECT_EQ(map_host(self), (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6}));
 }
 
-TEST(GridBatch, ExactBoundsAccepted) {
+TEST_P(GridBatchTest, ExactBoundsAccepted) {
     // Largest inputs whose outputs still fit must not raise.
-    const GridBatch top = GridBatch::from_ijk(MemberLists{{{kTwoPow30 - 1, -kTwoPow30, 0}}});
+    const GridBatch top = make_grid(MemberLists{{{kTwoPow30 - 1, -kTwoPow30, 0}}});
     // refined_grid(2): 2*(2^30-1)+1 = 2^31-1, 2*(-2^30) = -2^31.
-    EXPECT_TRUE(grid_matches(top.refined_grid(2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {})));
+    EXPECT_TRUE(grid_matches(top.refined_grid(2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {}), device()));
     // conv_transpose_grid(2,2): the same children.
-    EXPECT_TRUE(grid_matches(top.conv_transpose_grid(2, 2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {})));
+    EXPECT_TRUE(grid_matches(top.conv_transpose_grid(2, 2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {}), device()));
     // dilated_grid(1) one step inside the edges.
-    const GridBatch inner = GridBatch::from_ijk(MemberLists{{{kInt32Max - 1, kInt32Min + 1, 0}}});
-    EXPECT_TRUE(grid_matches(inner.dilated_grid(1), oracle_dilated_grid(oracle_from_lists(member_lists(inner)), 1)));
-    EXPECT_TRUE(grid_matches(inner.conv_grid(3, 1), oracle_conv_grid(oracle_from_lists(member_lists(inner)), {3, 3, 3}, {1, 1, 1})));
+    const GridBatch inner = make_grid(MemberLists{{{kInt32Max - 1, kInt32Min + 1, 0}}});
+    EXPECT_TRUE(grid_matches(inner.dilated_grid(1), oracle_dilated_grid(oracle_from_lists(member_lists(inner)), 1), device()));
+    EXPECT_TRUE(grid_matches(inner.conv_grid(3, 1),
+                             oracle_conv_grid(oracle_from_lists(member_lists(inner)), {3, 3, 3}, {1, 1, 1}), device()));
 }
 
-/// Forwards to the CPU default allocator and keeps count, to see that every buffer goes through the
-/// context's allocator and is given back.
+/// Forwards to the device's default allocator and keeps count, to see that every buffer goes through
+/// the context's allocator and is given back.
 class CountingAllocator : public sparsegrid::Allocator {
 public:
     void* allocate(std::size_t bytes, sparsegrid::Device device, void* stream) override {
@@ -280,16 +279,16 @@ public:
     int64_t outstanding = 0;
 };
 
-TEST(GridBatch, ContextAllocatorOwnsAllMemory) {
+TEST_P(GridBatchTest, ContextAllocatorOwnsAllMemory) {
     CountingAllocator counting;
-    sparsegrid::Context ctx;
-    ctx.allocator = &counting;
+    sparsegrid::Context counted = ctx();
+    counted.allocator = &counting;
     {
         Rng rng(99);
         RandomBatchOptions options;
         options.batch_size = 3;
         options.empty_probability = 0.0;
-        const GridBatch grid = GridBatch::from_ijk(random_members(rng, options), {}, ctx);
+        const GridBatch grid = GridBatch::from_ijk(random_members(rng, options), {}, counted);
         EXPECT_EQ(grid.context().allocator, &counting);
         const int64_t after_build = counting.allocations;
         EXPECT_GT(after_build, 0);
@@ -301,6 +300,8 @@ TEST(GridBatch, ContextAllocatorOwnsAllMemory) {
         const sparsegrid::PairLists pairs = map.pairs_by_tap();
         const KernelMap back = map.transposed();
         EXPECT_TRUE(map_matches_oracle(map, grid, coarse, {3, 3, 3}, {2, 2, 2}, MapDirection::Forward));
+        EXPECT_TRUE(pairs_match_map(map));
+        EXPECT_TRUE(maps_equal(back.transposed(), map));
         EXPECT_GT(counting.outstanding, 0);
     }
     EXPECT_EQ(counting.outstanding, 0) << "buffers were not given back";

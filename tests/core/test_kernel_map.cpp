@@ -1,5 +1,5 @@
 // Kernel maps against the oracle's literal enumeration of the edge relation, their per-tap pair lists,
-// and transposition.
+// and transposition. Every test runs on each backend present (test_util.h).
 #include "oracle.h"
 #include "test_util.h"
 
@@ -10,12 +10,16 @@ namespace {
 
 using sparsegrid::neighbour_map;
 
+class KernelMapTest : public BackendTest {};
+INSTANTIATE_TEST_SUITE_P(, KernelMapTest, ::testing::ValuesIn(available_backends()), backend_name);
+
 struct MapCase {
     uint64_t seed = 0;
     GridBatch grid;
 };
 
-MapCase make_map_case(std::size_t index, bool far) {
+/// Case `index` of the seed list on ctx's device.
+MapCase make_map_case(std::size_t index, bool far, const sparsegrid::Context& ctx) {
     MapCase c;
     c.seed = test_seeds()[index] + (far ? 5000 : 3000);
     Rng rng(c.seed);
@@ -23,7 +27,7 @@ MapCase make_map_case(std::size_t index, bool far) {
     options.batch_size = 1 + static_cast<int64_t>((index + 3) % 8);
     options.allow_far = far;
     const MemberLists members = random_members(rng, options);
-    c.grid = GridBatch::from_ijk(members, random_transforms(rng, options.batch_size));
+    c.grid = GridBatch::from_ijk(members, random_transforms(rng, options.batch_size), ctx);
     return c;
 }
 
@@ -55,10 +59,10 @@ void check_map(const GridBatch& source, const GridBatch& target, const Vec3i& k,
     EXPECT_EQ(transposed.num_edges(), map.num_edges());
 }
 
-TEST(KernelMap, ForwardToConvGridMatchesOracle) {
+TEST_P(KernelMapTest, ForwardToConvGridMatchesOracle) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const MapCase c = make_map_case(i, far);
+            const MapCase c = make_map_case(i, far, ctx());
             SCOPED_TRACE("seed=" + std::to_string(c.seed) + " batch_size=" + std::to_string(c.grid.batch_size()));
             for (const auto& [k, s] : map_kernel_cases(c.seed)) {
                 SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
@@ -76,9 +80,9 @@ TEST(KernelMap, ForwardToConvGridMatchesOracle) {
         }
 }
 
-TEST(KernelMap, TransposedToConvTransposeGridMatchesOracle) {
+TEST_P(KernelMapTest, TransposedToConvTransposeGridMatchesOracle) {
     for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-        const MapCase c = make_map_case(i, false);
+        const MapCase c = make_map_case(i, false, ctx());
         SCOPED_TRACE("seed=" + std::to_string(c.seed) + " batch_size=" + std::to_string(c.grid.batch_size()));
         for (const auto& [k, s] : map_kernel_cases(c.seed)) {
             SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
@@ -96,10 +100,10 @@ TEST(KernelMap, TransposedToConvTransposeGridMatchesOracle) {
     }
 }
 
-TEST(KernelMap, MapsBetweenUnrelatedGrids) {
+TEST_P(KernelMapTest, MapsBetweenUnrelatedGrids) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const MapCase c = make_map_case(i, far);
+            const MapCase c = make_map_case(i, far, ctx());
             const MapCase other = [&] {
                 MapCase o;
                 o.seed = c.seed + 77;
@@ -107,7 +111,7 @@ TEST(KernelMap, MapsBetweenUnrelatedGrids) {
                 RandomBatchOptions options;
                 options.batch_size = c.grid.batch_size();
                 options.allow_far = far;
-                o.grid = GridBatch::from_ijk(random_members(rng, options));
+                o.grid = make_grid(random_members(rng, options));
                 return o;
             }();
             SCOPED_TRACE("seed=" + std::to_string(c.seed) + " other seed=" + std::to_string(other.seed));
@@ -130,9 +134,9 @@ TEST(KernelMap, MapsBetweenUnrelatedGrids) {
         }
 }
 
-TEST(KernelMap, SubmanifoldOddKernelIsSymmetric) {
+TEST_P(KernelMapTest, SubmanifoldOddKernelIsSymmetric) {
     // Same grid, stride 1, odd K: tap t from a to b  <=>  tap Kvol-1-t from b to a.
-    const MapCase c = make_map_case(4, false);
+    const MapCase c = make_map_case(4, false, ctx());
     SCOPED_TRACE("seed=" + std::to_string(c.seed));
     for (const Vec3i& k : {Vec3i{3, 3, 3}, Vec3i{5, 1, 3}}) {
         const KernelMap map = neighbour_map(c.grid, c.grid, k, {1, 1, 1});
@@ -150,11 +154,11 @@ TEST(KernelMap, SubmanifoldOddKernelIsSymmetric) {
     }
 }
 
-TEST(KernelMap, DesignDegrees) {
+TEST_P(KernelMapTest, DesignDegrees) {
     // K=S=4 on the line i=0..15 (K=S=1 on j, k): coarse voxels 0..4 with degrees {3, 4, 4, 4, 1}.
     std::vector<Vec3i> line;
     for (int32_t i = 0; i < 16; ++i) line.push_back({i, 0, 0});
-    const GridBatch fine = GridBatch::from_ijk(MemberLists{line});
+    const GridBatch fine = make_grid(MemberLists{line});
     const Vec3i k{4, 1, 1};
     const Vec3i s{4, 1, 1};
     const GridBatch coarse = fine.conv_grid(k, s);
@@ -176,14 +180,14 @@ TEST(KernelMap, DesignDegrees) {
     EXPECT_EQ(pairs.source_index.to_host(), (std::vector<int32_t>{3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14}));
     EXPECT_EQ(pairs.target_index.to_host(), (std::vector<int32_t>{1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}));
     // Transposed direction of the same edges: conv_transpose_grid(4,4) of {0} is {-1,0,1,2}, one edge each.
-    const GridBatch origin = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}});
+    const GridBatch origin = make_grid(MemberLists{{{0, 0, 0}}});
     const GridBatch generated = origin.conv_transpose_grid(k, s);
     ASSERT_EQ(generated.ijk_host(), (std::vector<Vec3i>{{-1, 0, 0}, {0, 0, 0}, {1, 0, 0}, {2, 0, 0}}));
     const KernelMap up = neighbour_map(origin, generated, k, s, MapDirection::Transposed);
     EXPECT_EQ(map_host(up), (std::vector<int32_t>{0, -1, -1, -1, -1, 0, -1, -1, -1, -1, 0, -1, -1, -1, -1, 0}));
 }
 
-TEST(KernelMap, TapNumberingIsRowMajorOverAxes) {
+TEST_P(KernelMapTest, TapNumberingIsRowMajorOverAxes) {
     // One coarse voxel at the origin, K = {3,2,5}, S = 1, source holding one voxel per tap position:
     // tap t = t0*K1*K2 + t1*K2 + t2 must find the fine voxel (t0-1, t1-0, t2-2).
     const Vec3i k{3, 2, 5};
@@ -191,8 +195,8 @@ TEST(KernelMap, TapNumberingIsRowMajorOverAxes) {
     for (int32_t a = -1; a <= 1; ++a)
         for (int32_t b = 0; b <= 1; ++b)
             for (int32_t c = -2; c <= 2; ++c) fine.push_back({a, b, c});
-    const GridBatch source = GridBatch::from_ijk(MemberLists{fine});
-    const GridBatch target = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}});
+    const GridBatch source = make_grid(MemberLists{fine});
+    const GridBatch target = make_grid(MemberLists{{{0, 0, 0}}});
     const std::vector<int32_t> dense = map_host(neighbour_map(source, target, k, {1, 1, 1}));
     const std::vector<Vec3i> source_ijk = source.ijk_host();
     ASSERT_EQ(dense.size(), 30u);
@@ -206,10 +210,10 @@ TEST(KernelMap, TapNumberingIsRowMajorOverAxes) {
             }
 }
 
-TEST(KernelMap, MembersDoNotInteract) {
+TEST_P(KernelMapTest, MembersDoNotInteract) {
     // Member 1 holds the voxels member 0 would need; member 0's rows must stay -1.
-    const GridBatch source = GridBatch::from_ijk(MemberLists{{}, {{0, 0, 0}, {1, 0, 0}}});
-    const GridBatch target = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}, {}});
+    const GridBatch source = make_grid(MemberLists{{}, {{0, 0, 0}, {1, 0, 0}}});
+    const GridBatch target = make_grid(MemberLists{{{0, 0, 0}}, {}});
     const KernelMap map = neighbour_map(source, target, {3, 3, 3}, {1, 1, 1});
     const std::vector<int32_t> dense = map_host(map);
     ASSERT_EQ(dense.size(), 27u);
@@ -217,13 +221,13 @@ TEST(KernelMap, MembersDoNotInteract) {
     EXPECT_EQ(map.num_edges(), 0);
 }
 
-TEST(KernelMap, FarCoordinatesDoNotWrap) {
+TEST_P(KernelMapTest, FarCoordinatesDoNotWrap) {
     // S*c + tap - pb computed in 32 bits would wrap onto voxels that exist on the other side of the
     // int32 range; those must not be found.
     const int32_t c = kTwoPow30 + 5;
     const int32_t wrapped = static_cast<int32_t>(static_cast<int64_t>(2) * c - (int64_t{1} << 32));  // -2^31 + 10
-    const GridBatch coarse = GridBatch::from_ijk(MemberLists{{{c, 0, 0}}});
-    const GridBatch fine = GridBatch::from_ijk(MemberLists{{{wrapped, 0, 0}, {wrapped + 1, 0, 0}}});
+    const GridBatch coarse = make_grid(MemberLists{{{c, 0, 0}}});
+    const GridBatch fine = make_grid(MemberLists{{{wrapped, 0, 0}, {wrapped + 1, 0, 0}}});
     const Vec3i k{2, 1, 1};
     const Vec3i s{2, 1, 1};
     KernelMap forward;
@@ -235,16 +239,16 @@ TEST(KernelMap, FarCoordinatesDoNotWrap) {
     EXPECT_EQ(map_host(transposed), (std::vector<int32_t>{-1, -1, -1, -1}));
 
     // Stride 1 at the int32 edges: INT32_MAX + 1 must not find INT32_MIN, INT32_MIN - 1 not INT32_MAX.
-    const GridBatch edges = GridBatch::from_ijk(MemberLists{{{kInt32Max, 0, 0}, {kInt32Min, 0, 0}}});
+    const GridBatch edges = make_grid(MemberLists{{{kInt32Max, 0, 0}, {kInt32Min, 0, 0}}});
     const KernelMap around = neighbour_map(edges, edges, {3, 1, 1}, {1, 1, 1});
     EXPECT_TRUE(map_matches_oracle(around, edges, edges, {3, 1, 1}, {1, 1, 1}, MapDirection::Forward));
     // Order: INT32_MIN first. Rows: [tap -1, tap 0, tap +1].
     EXPECT_EQ(map_host(around), (std::vector<int32_t>{-1, 0, -1, -1, 1, -1}));
 }
 
-TEST(KernelMap, EmptyGrids) {
-    const GridBatch empty = GridBatch::from_ijk(MemberLists(3));
-    const GridBatch some = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}, {}, {{1, 1, 1}, {2, 2, 2}}});
+TEST_P(KernelMapTest, EmptyGrids) {
+    const GridBatch empty = make_grid(MemberLists(3));
+    const GridBatch some = make_grid(MemberLists{{{0, 0, 0}}, {}, {{1, 1, 1}, {2, 2, 2}}});
     for (const auto& [source, target] : {std::pair<GridBatch, GridBatch>{empty, empty}, {empty, some}, {some, empty}}) {
         for (MapDirection d : {MapDirection::Forward, MapDirection::Transposed}) {
             const KernelMap map = neighbour_map(source, target, {3, 2, 1}, {2, 1, 1}, d);

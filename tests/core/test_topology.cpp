@@ -1,5 +1,6 @@
 // Topology operations against the brute-force oracle (as sets and in the documented order), their
-// world transforms, and the algebraic properties that tie them together.
+// world transforms, and the algebraic properties that tie them together. Every test runs on each
+// backend present (test_util.h).
 #include "oracle.h"
 #include "test_util.h"
 
@@ -10,6 +11,9 @@
 namespace sparsegrid_test {
 namespace {
 
+class TopologyTest : public BackendTest {};
+INSTANTIATE_TEST_SUITE_P(, TopologyTest, ::testing::ValuesIn(available_backends()), backend_name);
+
 struct RandomCase {
     uint64_t seed = 0;
     MemberLists members;
@@ -18,8 +22,9 @@ struct RandomCase {
     OracleBatch oracle;
 };
 
-/// Case `index` of the seed list: batch sizes cycle through 1..8. `far` adds members near +-2^30.
-RandomCase make_case(std::size_t index, bool far) {
+/// Case `index` of the seed list on ctx's device: batch sizes cycle through 1..8. `far` adds members
+/// near +-2^30.
+RandomCase make_case(std::size_t index, bool far, const sparsegrid::Context& ctx) {
     RandomCase c;
     c.seed = test_seeds()[index] + (far ? 1000 : 0);
     Rng rng(c.seed);
@@ -28,7 +33,7 @@ RandomCase make_case(std::size_t index, bool far) {
     options.allow_far = far;
     c.members = random_members(rng, options);
     c.transforms = random_transforms(rng, options.batch_size);
-    c.grid = GridBatch::from_ijk(c.members, c.transforms);
+    c.grid = GridBatch::from_ijk(c.members, c.transforms, ctx);
     c.oracle = oracle_from_lists(c.members);
     return c;
 }
@@ -62,8 +67,8 @@ struct BranchCount {
     int overflow = 0;
 };
 
-/// Runs `op`; when the oracle's answer fits int32 it must match (set, order, transforms) and otherwise
-/// the op must raise an overflow error naming `operation`.
+/// Runs `op`; when the oracle's answer fits int32 it must match (set, order, transforms, and the
+/// input's device) and otherwise the op must raise an overflow error naming `operation`.
 void check_op(BranchCount& count, const std::string& operation, const std::function<GridBatch()>& op,
               const OracleBatch& expected, const std::vector<MemberTransform>& expected_transforms,
               const GridBatch& input);
@@ -87,7 +92,7 @@ void check_op(BranchCount& count, const std::string& operation, const std::funct
             ADD_FAILURE() << operation << " threw although the result fits int32: " << e.what();
             return;
         }
-        EXPECT_TRUE(grid_matches(out, expected)) << operation;
+        EXPECT_TRUE(grid_matches(out, expected, input.device())) << operation;
         EXPECT_TRUE(transforms_near(out.transforms(), expected_transforms)) << operation;
     } else {
         ++count.overflow;
@@ -97,20 +102,20 @@ void check_op(BranchCount& count, const std::string& operation, const std::funct
     EXPECT_EQ(input.ijk().to_host(), input_before) << operation << " changed its input";
 }
 
-TEST(Topology, FromIjkMatchesOracle) {
+TEST_P(TopologyTest, FromIjkMatchesOracle) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
-            EXPECT_TRUE(grid_matches(c.grid, c.oracle));
+            EXPECT_TRUE(grid_matches(c.grid, c.oracle, device()));
             EXPECT_EQ(c.grid.transforms(), c.transforms);
         }
 }
 
-TEST(Topology, ConvGridMatchesOracle) {
+TEST_P(TopologyTest, ConvGridMatchesOracle) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             for (const auto& [k, s] : kernel_cases(c.seed)) {
                 SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
@@ -120,11 +125,11 @@ TEST(Topology, ConvGridMatchesOracle) {
         }
 }
 
-TEST(Topology, ConvTransposeGridMatchesOracle) {
+TEST_P(TopologyTest, ConvTransposeGridMatchesOracle) {
     BranchCount count;
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             for (const auto& [k, s] : kernel_cases(c.seed)) {
                 SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
@@ -138,10 +143,10 @@ TEST(Topology, ConvTransposeGridMatchesOracle) {
     EXPECT_GT(count.overflow, 10);
 }
 
-TEST(Topology, CoarsenedGridMatchesOracle) {
+TEST_P(TopologyTest, CoarsenedGridMatchesOracle) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             Rng rng(c.seed + 11);
             std::vector<Vec3i> factors{{1, 1, 1}, {2, 2, 2}, {3, 1, 2}, {7, 5, 4}};
@@ -154,11 +159,11 @@ TEST(Topology, CoarsenedGridMatchesOracle) {
         }
 }
 
-TEST(Topology, RefinedGridMatchesOracle) {
+TEST_P(TopologyTest, RefinedGridMatchesOracle) {
     BranchCount count;
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             Rng rng(c.seed + 23);
             const MemberLists lists = member_lists(c.grid);
@@ -172,8 +177,9 @@ TEST(Topology, RefinedGridMatchesOracle) {
                          oracle_refined_grid(lists, f, {}), expected_transforms, c.grid);
                 for (double keep : {0.0, 0.5, 1.0}) {
                     const std::vector<uint8_t> mask = random_mask(rng, c.grid.num_voxels(), keep);
+                    const DeviceArray<uint8_t> device_mask = on_device(mask);
                     SCOPED_TRACE("mask keep probability " + std::to_string(keep));
-                    check_op(count, "refined_grid", [&] { return c.grid.refined_grid(f, mask); },
+                    check_op(count, "refined_grid", [&] { return c.grid.refined_grid(f, device_mask); },
                              oracle_refined_grid(lists, f, mask), expected_transforms, c.grid);
                 }
             }
@@ -182,10 +188,10 @@ TEST(Topology, RefinedGridMatchesOracle) {
     EXPECT_GT(count.overflow, 10);
 }
 
-TEST(Topology, DilatedGridMatchesOracle) {
+TEST_P(TopologyTest, DilatedGridMatchesOracle) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             for (int32_t d : {0, 1, 2}) {
                 SCOPED_TRACE("distance=" + std::to_string(d));
@@ -195,10 +201,10 @@ TEST(Topology, DilatedGridMatchesOracle) {
         }
 }
 
-TEST(Topology, PrunedGridMatchesOracleAndKeepsOrder) {
+TEST_P(TopologyTest, PrunedGridMatchesOracleAndKeepsOrder) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             Rng rng(c.seed + 31);
             const MemberLists lists = member_lists(c.grid);
@@ -206,10 +212,11 @@ TEST(Topology, PrunedGridMatchesOracleAndKeepsOrder) {
             for (double keep : {0.0, 0.3, 0.7, 1.0}) {
                 SCOPED_TRACE("keep probability " + std::to_string(keep));
                 const std::vector<uint8_t> mask = random_mask(rng, c.grid.num_voxels(), keep);
-                check_op("pruned_grid", [&] { return c.grid.pruned_grid(mask); }, oracle_pruned_grid(lists, mask),
+                const DeviceArray<uint8_t> device_mask = on_device(mask);
+                check_op("pruned_grid", [&] { return c.grid.pruned_grid(device_mask); }, oracle_pruned_grid(lists, mask),
                          c.transforms, c.grid);
                 // Order preserved: exactly the masked subsequence, with offsets counting kept voxels.
-                const GridBatch pruned = c.grid.pruned_grid(mask);
+                const GridBatch pruned = c.grid.pruned_grid(device_mask);
                 std::vector<Vec3i> subsequence;
                 std::vector<int64_t> offsets{0};
                 for (int64_t m = 0; m < c.grid.batch_size(); ++m) {
@@ -223,50 +230,40 @@ TEST(Topology, PrunedGridMatchesOracleAndKeepsOrder) {
         }
 }
 
-TEST(Topology, MergedGridMatchesOracle) {
+TEST_P(TopologyTest, MergedGridMatchesOracle) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             Rng rng(c.seed + 41);
             RandomBatchOptions options;
             options.batch_size = c.grid.batch_size();
             options.allow_far = far;
             const MemberLists other_members = random_members(rng, options);
-            const GridBatch other = GridBatch::from_ijk(other_members, c.transforms);
+            const GridBatch other = make_grid(other_members, c.transforms);
             check_op("merged_grid", [&] { return c.grid.merged_grid(other); },
                      oracle_merged_grid(c.oracle, oracle_from_lists(other_members)), c.transforms, c.grid);
             check_op("merged_grid", [&] { return other.merged_grid(c.grid); },
                      oracle_merged_grid(c.oracle, oracle_from_lists(other_members)), c.transforms, other);
             check_op("merged_grid", [&] { return c.grid.merged_grid(c.grid); }, c.oracle, c.transforms, c.grid);
-            const GridBatch empty = GridBatch::from_ijk(MemberLists(c.members.size()), c.transforms);
+            const GridBatch empty = make_grid(MemberLists(c.members.size()), c.transforms);
             check_op("merged_grid", [&] { return c.grid.merged_grid(empty); }, c.oracle, c.transforms, c.grid);
             check_op("merged_grid", [&] { return empty.merged_grid(c.grid); }, c.oracle, c.transforms, empty);
         }
 }
 
-TEST(Topology, ScalarOverloadsEqualVectorOnes) {
-    const RandomCase c = make_case(3, false);
+TEST_P(TopologyTest, ScalarOverloadsEqualVectorOnes) {
+    const RandomCase c = make_case(3, false, ctx());
     SCOPED_TRACE(trace(c));
     EXPECT_EQ(c.grid.conv_grid(3, 2).ijk_host(), c.grid.conv_grid(Vec3i{3, 3, 3}, Vec3i{2, 2, 2}).ijk_host());
     EXPECT_EQ(c.grid.conv_transpose_grid(3, 2).ijk_host(),
               c.grid.conv_transpose_grid(Vec3i{3, 3, 3}, Vec3i{2, 2, 2}).ijk_host());
     EXPECT_EQ(c.grid.coarsened_grid(3).ijk_host(), c.grid.coarsened_grid(Vec3i{3, 3, 3}).ijk_host());
     EXPECT_EQ(c.grid.refined_grid(2).ijk_host(), c.grid.refined_grid(Vec3i{2, 2, 2}).ijk_host());
-    EXPECT_TRUE(grid_matches(c.grid.conv_grid(3, 2), oracle_conv_grid(c.oracle, {3, 3, 3}, {2, 2, 2})));
+    EXPECT_TRUE(grid_matches(c.grid.conv_grid(3, 2), oracle_conv_grid(c.oracle, {3, 3, 3}, {2, 2, 2}), device()));
 }
 
 // ---- check values from DESIGN.md ------------------------------------------------------------------
-
-GridBatch line_grid(int32_t lo, int32_t hi, int axis = 0) {
-    std::vector<Vec3i> voxels;
-    for (int32_t v = lo; v <= hi; ++v) {
-        Vec3i c{0, 0, 0};
-        c[axis] = v;
-        voxels.push_back(c);
-    }
-    return GridBatch::from_ijk(MemberLists{voxels});
-}
 
 std::vector<Vec3i> line(int32_t lo, int32_t hi, int axis = 0) {
     std::vector<Vec3i> out;
@@ -278,7 +275,7 @@ std::vector<Vec3i> line(int32_t lo, int32_t hi, int axis = 0) {
     return out;
 }
 
-TEST(Topology, DesignCheckValuesEveryAxis) {
+TEST_P(TopologyTest, DesignCheckValuesEveryAxis) {
     for (int axis = 0; axis < 3; ++axis) {
         SCOPED_TRACE("axis " + std::to_string(axis));
         Vec3i k4{1, 1, 1}, s4{1, 1, 1}, s3{1, 1, 1};
@@ -286,24 +283,23 @@ TEST(Topology, DesignCheckValuesEveryAxis) {
         s4[axis] = 4;
         s3[axis] = 3;
         // Lines along one axis are sorted by that coordinate in the documented order (non-negative part).
-        EXPECT_EQ(line_grid(0, 15, axis).conv_grid(k4, s4).ijk_host(), line(0, 4, axis));
-        EXPECT_EQ(line_grid(0, 0, axis).conv_transpose_grid(k4, s4).ijk_host(), line(-1, 2, axis));
-        EXPECT_EQ(line_grid(-3, 3, axis).conv_grid(Vec3i{1, 1, 1}, s3).ijk_host(), line(-1, 1, axis));
+        EXPECT_EQ(make_grid(MemberLists{line(0, 15, axis)}).conv_grid(k4, s4).ijk_host(), line(0, 4, axis));
+        EXPECT_EQ(make_grid(MemberLists{line(0, 0, axis)}).conv_transpose_grid(k4, s4).ijk_host(), line(-1, 2, axis));
+        EXPECT_EQ(make_grid(MemberLists{line(-3, 3, axis)}).conv_grid(Vec3i{1, 1, 1}, s3).ijk_host(), line(-1, 1, axis));
     }
     // Scalar overload: all three axes at once.
-    const GridBatch origin = GridBatch::from_ijk(MemberLists{{{0, 0, 0}}});
+    const GridBatch origin = make_grid(MemberLists{{{0, 0, 0}}});
     const GridBatch cube = origin.conv_transpose_grid(4, 4);
     OracleBatch expected(1);
     for (int64_t i = -1; i <= 2; ++i)
         for (int64_t j = -1; j <= 2; ++j)
             for (int64_t k = -1; k <= 2; ++k) expected[0].insert({i, j, k});
-    EXPECT_TRUE(grid_matches(cube, expected));
+    EXPECT_TRUE(grid_matches(cube, expected, device()));
 }
 
-TEST(Topology, HandWrittenOrder) {
+TEST_P(TopologyTest, HandWrittenOrder) {
     const GridBatch grid =
-        GridBatch::from_ijk(MemberLists{{{1, 0, 0}, {0, 0, 1}, {0, 1, 0}, {-1, 0, 0}, {0, 0, 0}, {0, 0, -1}, {2, 2, 2}},
-                                        {{5, 5, 5}}});
+        make_grid(MemberLists{{{1, 0, 0}, {0, 0, 1}, {0, 1, 0}, {-1, 0, 0}, {0, 0, 0}, {0, 0, -1}, {2, 2, 2}}, {{5, 5, 5}}});
     const std::vector<Vec3i> expected{{-1, 0, 0}, {0, 0, -1}, {0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {1, 0, 0}, {2, 2, 2}, {5, 5, 5}};
     EXPECT_EQ(grid.ijk_host(), expected);
     EXPECT_EQ(grid.voxel_offsets(), (std::vector<int64_t>{0, 7, 8}));
@@ -311,9 +307,9 @@ TEST(Topology, HandWrittenOrder) {
 
 // ---- transforms -----------------------------------------------------------------------------------
 
-TEST(Topology, TransformsFollowDesign) {
+TEST_P(TopologyTest, TransformsFollowDesign) {
     const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}}, {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
-    const GridBatch grid = GridBatch::from_ijk(MemberLists{{{0, 0, 0}, {3, -2, 7}}, {{-5, 1, 1}}}, transforms);
+    const GridBatch grid = make_grid(MemberLists{{{0, 0, 0}, {3, -2, 7}}, {{-5, 1, 1}}}, transforms);
     const Vec3i k{3, 2, 5};
     const Vec3i s{1, 2, 3};
     const Vec3i f{2, 3, 4};
@@ -333,7 +329,7 @@ TEST(Topology, TransformsFollowDesign) {
     EXPECT_TRUE(transforms_near(grid.refined_grid(f).transforms(), want));
     // dilated / pruned / merged keep the transforms.
     EXPECT_EQ(grid.dilated_grid(2).transforms(), transforms);
-    EXPECT_EQ(grid.pruned_grid(std::vector<uint8_t>{1, 0, 1}).transforms(), transforms);
+    EXPECT_EQ(grid.pruned_grid(on_device(std::vector<uint8_t>{1, 0, 1})).transforms(), transforms);
     EXPECT_EQ(grid.merged_grid(grid.dilated_grid(1)).transforms(), transforms);
     // World positions of the same voxel centres agree across refine / coarsen: the centre of refined
     // block f*c + (f-1)/2 is the centre of coarse voxel c.
@@ -349,9 +345,9 @@ TEST(Topology, TransformsFollowDesign) {
 
 // ---- algebraic properties -------------------------------------------------------------------------
 
-TEST(Topology, RefineThenCoarsenIsIdentity) {
+TEST_P(TopologyTest, RefineThenCoarsenIsIdentity) {
     for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-        const RandomCase c = make_case(i, false);
+        const RandomCase c = make_case(i, false, ctx());
         SCOPED_TRACE(trace(c));
         for (const Vec3i& f : {Vec3i{1, 1, 1}, Vec3i{2, 2, 2}, Vec3i{3, 2, 1}, Vec3i{4, 4, 4}}) {
             SCOPED_TRACE("factor=" + str(f));
@@ -363,14 +359,14 @@ TEST(Topology, RefineThenCoarsenIsIdentity) {
     }
 }
 
-TEST(Topology, CoarsenOfMaskedRefineIsPrune) {
+TEST_P(TopologyTest, CoarsenOfMaskedRefineIsPrune) {
     for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-        const RandomCase c = make_case(i, false);
+        const RandomCase c = make_case(i, false, ctx());
         SCOPED_TRACE(trace(c));
         Rng rng(c.seed + 53);
         for (const Vec3i& f : {Vec3i{2, 2, 2}, Vec3i{1, 3, 2}}) {
             SCOPED_TRACE("factor=" + str(f));
-            const std::vector<uint8_t> mask = random_mask(rng, c.grid.num_voxels(), 0.5);
+            const DeviceArray<uint8_t> mask = on_device(random_mask(rng, c.grid.num_voxels(), 0.5));
             const GridBatch via_refine = c.grid.refined_grid(f, mask).coarsened_grid(f);
             const GridBatch pruned = c.grid.pruned_grid(mask);
             EXPECT_EQ(via_refine.ijk_host(), pruned.ijk_host());
@@ -379,10 +375,10 @@ TEST(Topology, CoarsenOfMaskedRefineIsPrune) {
     }
 }
 
-TEST(Topology, DilateEqualsOddStrideOneConv) {
+TEST_P(TopologyTest, DilateEqualsOddStrideOneConv) {
     for (bool far : {false, true})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             for (int32_t d : {0, 1, 2, 3}) {
                 SCOPED_TRACE("distance=" + std::to_string(d));
@@ -395,30 +391,30 @@ TEST(Topology, DilateEqualsOddStrideOneConv) {
         }
 }
 
-TEST(Topology, ConvTransposeStrideOneOddKernelEqualsDilate) {
+TEST_P(TopologyTest, ConvTransposeStrideOneOddKernelEqualsDilate) {
     // With S = 1 and odd K the generated grid is the Chebyshev box (K-1)/2 around every voxel.
     for (std::size_t i = 0; i < 4; ++i) {
-        const RandomCase c = make_case(i, false);
+        const RandomCase c = make_case(i, false, ctx());
         SCOPED_TRACE(trace(c));
         EXPECT_EQ(c.grid.conv_transpose_grid(3, 1).ijk_host(), c.grid.dilated_grid(1).ijk_host());
         EXPECT_EQ(c.grid.conv_transpose_grid(5, 1).ijk_host(), c.grid.dilated_grid(2).ijk_host());
     }
 }
 
-TEST(Topology, TwoByTwoSubdivisionEqualsRefineByTwo) {
+TEST_P(TopologyTest, TwoByTwoSubdivisionEqualsRefineByTwo) {
     // conv_transpose_grid(2, 2) generates exactly the children 2c + {0,1}^3.
     for (bool far : {false})
         for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-            const RandomCase c = make_case(i, far);
+            const RandomCase c = make_case(i, far, ctx());
             SCOPED_TRACE(trace(c));
             EXPECT_EQ(c.grid.conv_transpose_grid(2, 2).ijk_host(), c.grid.refined_grid(2).ijk_host());
             EXPECT_EQ(c.grid.conv_grid(2, 2).ijk_host(), c.grid.coarsened_grid(2).ijk_host());
         }
 }
 
-TEST(Topology, FromIjkInvariantUnderShuffleAndDuplicates) {
+TEST_P(TopologyTest, FromIjkInvariantUnderShuffleAndDuplicates) {
     for (std::size_t i = 0; i < test_seeds().size(); ++i) {
-        const RandomCase c = make_case(i, true);
+        const RandomCase c = make_case(i, true, ctx());
         SCOPED_TRACE(trace(c));
         Rng rng(c.seed + 61);
         MemberLists shuffled = c.members;
@@ -428,37 +424,33 @@ TEST(Topology, FromIjkInvariantUnderShuffleAndDuplicates) {
                 if (uniform_int(rng, 0, 2) == 0) member.push_back(member[n]);
             std::shuffle(member.begin(), member.end(), rng);
         }
-        const GridBatch again = GridBatch::from_ijk(shuffled, c.transforms);
+        const GridBatch again = make_grid(shuffled, c.transforms);
         EXPECT_EQ(again.ijk_host(), c.grid.ijk_host());
         EXPECT_EQ(again.voxel_offsets(), c.grid.voxel_offsets());
         // And from the already sorted output.
-        const GridBatch from_sorted = GridBatch::from_ijk(member_lists(c.grid), c.transforms);
+        const GridBatch from_sorted = make_grid(member_lists(c.grid), c.transforms);
         EXPECT_EQ(from_sorted.ijk_host(), c.grid.ijk_host());
     }
 }
 
-TEST(Topology, FromIjkSpanMatchesHostConvenience) {
-    const RandomCase c = make_case(5, true);
+TEST_P(TopologyTest, FromIjkSpanMatchesHostConvenience) {
+    const RandomCase c = make_case(5, true, ctx());
     SCOPED_TRACE(trace(c));
-    std::vector<int32_t> flat;
-    std::vector<int64_t> offsets{0};
-    for (const auto& member : c.members) {
-        for (const Vec3i& v : member) flat.insert(flat.end(), v.begin(), v.end());
-        offsets.push_back(static_cast<int64_t>(flat.size() / 3));
-    }
-    const GridBatch grid = GridBatch::from_ijk(sparsegrid::Span<const int32_t>(flat), offsets, c.transforms);
-    EXPECT_TRUE(grid_matches(grid, c.oracle));
+    const FlatTriples<int32_t> flat = flatten(c.members);
+    const DeviceArray<int32_t> ijk = on_device(flat.values);
+    const GridBatch grid = GridBatch::from_ijk(ijk, flat.offsets, c.transforms, ctx());
+    EXPECT_TRUE(grid_matches(grid, c.oracle, device()));
     EXPECT_EQ(grid.transforms(), c.transforms);
     // No transforms: unit voxels at the origin.
-    const GridBatch unit = GridBatch::from_ijk(sparsegrid::Span<const int32_t>(flat), offsets);
+    const GridBatch unit = GridBatch::from_ijk(ijk, flat.offsets, {}, ctx());
+    EXPECT_TRUE(grid_matches(unit, c.oracle, device()));
     EXPECT_EQ(unit.transforms(), std::vector<MemberTransform>(c.members.size()));
 }
 
-TEST(Topology, EmptyMembersStayEmpty) {
+TEST_P(TopologyTest, EmptyMembersStayEmpty) {
     const std::vector<MemberTransform> transforms(4);
-    const GridBatch grid =
-        GridBatch::from_ijk(MemberLists{{}, {{1, 2, 3}, {-4, 5, -6}}, {}, {{0, 0, 0}}}, transforms);
-    const std::vector<uint8_t> all(static_cast<std::size_t>(grid.num_voxels()), 1);
+    const GridBatch grid = make_grid(MemberLists{{}, {{1, 2, 3}, {-4, 5, -6}}, {}, {{0, 0, 0}}}, transforms);
+    const DeviceArray<uint8_t> all = on_device(std::vector<uint8_t>(static_cast<std::size_t>(grid.num_voxels()), 1));
     const std::vector<GridBatch> results{grid.conv_grid(3, 2),       grid.conv_transpose_grid(3, 2),
                                          grid.coarsened_grid(2),      grid.refined_grid(2),
                                          grid.refined_grid(2, all),   grid.dilated_grid(1),
@@ -466,7 +458,7 @@ TEST(Topology, EmptyMembersStayEmpty) {
                                          grid.conv_grid({2, 3, 1}, {1, 2, 3})};
     for (std::size_t r = 0; r < results.size(); ++r) {
         SCOPED_TRACE("result " + std::to_string(r));
-        EXPECT_TRUE(grid_is_well_formed(results[r]));
+        EXPECT_TRUE(grid_is_well_formed(results[r], device()));
         ASSERT_EQ(results[r].batch_size(), 4);
         EXPECT_EQ(results[r].num_voxels(0), 0);
         EXPECT_GT(results[r].num_voxels(1), 0);
@@ -475,13 +467,13 @@ TEST(Topology, EmptyMembersStayEmpty) {
     }
 }
 
-TEST(Topology, BatchWithoutVoxels) {
+TEST_P(TopologyTest, BatchWithoutVoxels) {
     const std::vector<MemberTransform> transforms(3);
-    const GridBatch grid = GridBatch::from_ijk(MemberLists(3), transforms);
+    const GridBatch grid = make_grid(MemberLists(3), transforms);
     EXPECT_EQ(grid.batch_size(), 3);
     EXPECT_EQ(grid.num_voxels(), 0);
     EXPECT_TRUE(grid.coordinate_box().empty());
-    const std::vector<uint8_t> none;
+    const DeviceArray<uint8_t> none = on_device(std::vector<uint8_t>{});
     const std::vector<GridBatch> results{grid,
                                          grid.conv_grid(3, 2),
                                          grid.conv_transpose_grid(3, 2),
@@ -493,12 +485,11 @@ TEST(Topology, BatchWithoutVoxels) {
                                          grid.merged_grid(grid)};
     for (std::size_t r = 0; r < results.size(); ++r) {
         SCOPED_TRACE("result " + std::to_string(r));
-        EXPECT_TRUE(grid_matches(results[r], OracleBatch(3)));
+        EXPECT_TRUE(grid_matches(results[r], OracleBatch(3), device()));
     }
     // Also through the span constructor with zero triples.
-    const std::vector<int32_t> no_ijk;
-    const GridBatch spans = GridBatch::from_ijk(sparsegrid::Span<const int32_t>(no_ijk), {0, 0, 0});
-    EXPECT_TRUE(grid_matches(spans, OracleBatch(2)));
+    const GridBatch spans = GridBatch::from_ijk(on_device(std::vector<int32_t>{}), {0, 0, 0}, {}, ctx());
+    EXPECT_TRUE(grid_matches(spans, OracleBatch(2), device()));
 }
 
 TEST(Topology, DefaultGridBatchIsEmpty) {
@@ -509,7 +500,7 @@ TEST(Topology, DefaultGridBatchIsEmpty) {
     EXPECT_EQ(grid.voxel_offsets(), std::vector<int64_t>{0});
 }
 
-TEST(Topology, LargeBatchMatchesOracle) {
+TEST_P(TopologyTest, LargeBatchMatchesOracle) {
     // 8 members of dense-ish blobs, ~20k voxels in total.
     Rng rng(424242);
     SCOPED_TRACE("seed=424242");
@@ -524,19 +515,22 @@ TEST(Topology, LargeBatchMatchesOracle) {
                         member.push_back({centre[0] + i, centre[1] + j, centre[2] + k});
     }
     const std::vector<MemberTransform> transforms = random_transforms(rng, 8);
-    const GridBatch grid = GridBatch::from_ijk(members, transforms);
+    const GridBatch grid = make_grid(members, transforms);
     const OracleBatch oracle = oracle_from_lists(members);
     EXPECT_GT(grid.num_voxels(), 15000);
     EXPECT_LT(grid.num_voxels(), 30000);
-    EXPECT_TRUE(grid_matches(grid, oracle));
-    EXPECT_TRUE(grid_matches(grid.conv_grid(3, 2), oracle_conv_grid(oracle, {3, 3, 3}, {2, 2, 2})));
-    EXPECT_TRUE(grid_matches(grid.conv_grid({2, 3, 4}, {2, 1, 3}), oracle_conv_grid(oracle, {2, 3, 4}, {2, 1, 3})));
-    EXPECT_TRUE(grid_matches(grid.conv_transpose_grid(2, 2), oracle_conv_transpose_grid(oracle, {2, 2, 2}, {2, 2, 2})));
-    EXPECT_TRUE(grid_matches(grid.coarsened_grid(3), oracle_coarsened_grid(oracle, {3, 3, 3})));
-    EXPECT_TRUE(grid_matches(grid.dilated_grid(1), oracle_dilated_grid(oracle, 1)));
+    EXPECT_TRUE(grid_matches(grid, oracle, device()));
+    EXPECT_TRUE(grid_matches(grid.conv_grid(3, 2), oracle_conv_grid(oracle, {3, 3, 3}, {2, 2, 2}), device()));
+    EXPECT_TRUE(grid_matches(grid.conv_grid({2, 3, 4}, {2, 1, 3}), oracle_conv_grid(oracle, {2, 3, 4}, {2, 1, 3}), device()));
+    EXPECT_TRUE(grid_matches(grid.conv_transpose_grid(2, 2), oracle_conv_transpose_grid(oracle, {2, 2, 2}, {2, 2, 2}),
+                             device()));
+    EXPECT_TRUE(grid_matches(grid.coarsened_grid(3), oracle_coarsened_grid(oracle, {3, 3, 3}), device()));
+    EXPECT_TRUE(grid_matches(grid.dilated_grid(1), oracle_dilated_grid(oracle, 1), device()));
     const std::vector<uint8_t> mask = random_mask(rng, grid.num_voxels(), 0.3);
-    EXPECT_TRUE(grid_matches(grid.pruned_grid(mask), oracle_pruned_grid(member_lists(grid), mask)));
-    EXPECT_TRUE(grid_matches(grid.refined_grid(2, mask), oracle_refined_grid(member_lists(grid), {2, 2, 2}, mask)));
+    const DeviceArray<uint8_t> device_mask = on_device(mask);
+    EXPECT_TRUE(grid_matches(grid.pruned_grid(device_mask), oracle_pruned_grid(member_lists(grid), mask), device()));
+    EXPECT_TRUE(grid_matches(grid.refined_grid(2, device_mask), oracle_refined_grid(member_lists(grid), {2, 2, 2}, mask),
+                             device()));
 
     const GridBatch coarse = grid.conv_grid(3, 2);
     const KernelMap forward = sparsegrid::neighbour_map(grid, coarse, {3, 3, 3}, {2, 2, 2});

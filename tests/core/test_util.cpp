@@ -6,6 +6,30 @@
 
 namespace sparsegrid_test {
 
+// ---- backends ----------------------------------------------------------------------------------------
+
+void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name << " (" << backend.context.device.str() << ")"; }
+
+sparsegrid::Context cpu_context() { return sparsegrid::Context{}; }
+
+sparsegrid::Context cuda_context() {
+    sparsegrid::Context ctx;
+    ctx.device = sparsegrid::Device::cuda(0);
+    return ctx;
+}
+
+bool cuda_device_present() { return sparsegrid::cuda_device_count() > 0; }
+
+std::vector<Backend> available_backends() {
+    std::vector<Backend> backends{{"cpu", cpu_context()}};
+    if (cuda_device_present()) backends.push_back({"cuda", cuda_context()});
+    return backends;
+}
+
+std::string backend_name(const ::testing::TestParamInfo<Backend>& info) { return info.param.name; }
+
+// ---- random batches ------------------------------------------------------------------------------------
+
 int64_t uniform_int(Rng& rng, int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); }
 
 double uniform_real(Rng& rng, double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); }
@@ -141,7 +165,16 @@ MemberLists member_lists(const GridBatch& grid) {
     return out;
 }
 
-::testing::AssertionResult grid_is_well_formed(const GridBatch& grid) {
+::testing::AssertionResult grid_is_well_formed(const GridBatch& grid, sparsegrid::Device device) {
+    if (grid.device() != device || grid.context().device != device)
+        return ::testing::AssertionFailure() << "grid on " << grid.device().str() << " (context "
+                                             << grid.context().device.str() << "), expected " << device.str();
+    if (grid.voxel_offsets_buffer().device() != device)
+        return ::testing::AssertionFailure() << "voxel_offsets_buffer() on " << grid.voxel_offsets_buffer().device().str()
+                                             << ", expected " << device.str();
+    // An empty buffer holds no memory, so only a non-empty one has to be on the device.
+    if (!grid.ijk().empty() && grid.ijk().device() != device)
+        return ::testing::AssertionFailure() << "ijk() on " << grid.ijk().device().str() << ", expected " << device.str();
     const int64_t batch = grid.batch_size();
     const std::vector<int64_t>& offsets = grid.voxel_offsets();
     if (static_cast<int64_t>(offsets.size()) != batch + 1)
@@ -177,12 +210,11 @@ MemberLists member_lists(const GridBatch& grid) {
                                                      << " is not strictly before voxel " << n << " " << str(ijk[n]);
     if (static_cast<int64_t>(grid.transforms().size()) != batch)
         return ::testing::AssertionFailure() << "transforms() has " << grid.transforms().size() << " entries";
-    if (grid.device() != sparsegrid::Device::cpu())
-        return ::testing::AssertionFailure() << "grid not on the CPU";
-    // The bounding box must contain every voxel; on the CPU backend it is exact.
+    // The bounding box must contain every voxel; on the CPU backend it is exact (grid_batch.h).
     const sparsegrid::CoordBox& box = grid.coordinate_box();
     if (ijk.empty()) {
-        if (!box.empty()) return ::testing::AssertionFailure() << "coordinate_box of an empty grid is not empty";
+        if (device.is_cpu() && !box.empty())
+            return ::testing::AssertionFailure() << "coordinate_box of an empty grid is not empty";
     } else {
         Vec3i lo = ijk.front();
         Vec3i hi = ijk.front();
@@ -191,15 +223,20 @@ MemberLists member_lists(const GridBatch& grid) {
                 lo[a] = std::min(lo[a], c[a]);
                 hi[a] = std::max(hi[a], c[a]);
             }
-        if (box.lo != lo || box.hi != hi)
+        if (device.is_cpu() && (box.lo != lo || box.hi != hi))
             return ::testing::AssertionFailure() << "coordinate_box " << str(box.lo) << ".." << str(box.hi)
                                                  << ", exact box " << str(lo) << ".." << str(hi);
+        for (int a = 0; a < 3; ++a)
+            if (box.lo[a] > lo[a] || box.hi[a] < hi[a])
+                return ::testing::AssertionFailure() << "coordinate_box " << str(box.lo) << ".." << str(box.hi)
+                                                     << " does not contain the voxels' box " << str(lo) << ".."
+                                                     << str(hi);
     }
     return ::testing::AssertionSuccess();
 }
 
-::testing::AssertionResult grid_matches(const GridBatch& grid, const OracleBatch& expected) {
-    ::testing::AssertionResult formed = grid_is_well_formed(grid);
+::testing::AssertionResult grid_matches(const GridBatch& grid, const OracleBatch& expected, sparsegrid::Device device) {
+    ::testing::AssertionResult formed = grid_is_well_formed(grid, device);
     if (!formed) return formed;
     if (grid.batch_size() != static_cast<int64_t>(expected.size()))
         return ::testing::AssertionFailure() << "batch_size " << grid.batch_size() << ", expected " << expected.size();
@@ -285,7 +322,9 @@ std::vector<int32_t> map_host(const KernelMap& map) {
                                              << target.num_voxels();
     if (map.kernel_size() != kernel_size || map.stride() != stride || map.direction() != direction)
         return ::testing::AssertionFailure() << "map K/S/direction differ from the request";
-    if (map.device() != sparsegrid::Device::cpu()) return ::testing::AssertionFailure() << "map not on the CPU";
+    if (map.device() != source.device() || map.device() != target.device())
+        return ::testing::AssertionFailure() << "map on " << map.device().str() << ", grids on "
+                                             << source.device().str() << " and " << target.device().str();
     const std::vector<int32_t> got = map_host(map);
     const std::vector<int32_t> want =
         oracle_neighbour_map(member_lists(source), member_lists(target), kernel_size, stride, direction);
@@ -315,6 +354,10 @@ std::vector<int32_t> map_host(const KernelMap& map) {
         return ::testing::AssertionFailure() << "tap_offsets has " << pairs.tap_offsets.size() << " entries, Kvol "
                                              << kvol;
     if (pairs.tap_offsets.front() != 0) return ::testing::AssertionFailure() << "tap_offsets[0] != 0";
+    for (const sparsegrid::Buffer<int32_t>* buffer : {&pairs.source_index, &pairs.target_index})
+        if (!buffer->empty() && buffer->device() != map.device())
+            return ::testing::AssertionFailure() << "pair list on " << buffer->device().str() << ", map on "
+                                                 << map.device().str();
     const std::vector<int32_t> dense = map_host(map);
     const std::vector<int32_t> source = pairs.source_index.to_host();
     const std::vector<int32_t> target = pairs.target_index.to_host();
