@@ -74,4 +74,18 @@ private:
 KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
                         const Vec3i& stride, MapDirection direction = MapDirection::Forward);
 
+/// A generated grid and the kernel map from its source, built together.
+struct GridAndMap {
+    GridBatch grid;
+    KernelMap map;
+};
+
+/// source.conv_transpose_grid(K, S) and neighbour_map(source, that grid, K, S, Transposed) in one
+/// build, identical to the two calls. For K = S = 2 on every axis the map comes straight from the
+/// subdivision (fine voxel 8n + t is reached from coarse voxel n through tap t): no lookups, no sync.
+GridAndMap conv_transpose_grid_and_map(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride);
+
+/// source.conv_grid(K, S) and neighbour_map(source, that grid, K, S, Forward), identical to the two calls.
+GridAndMap conv_grid_and_map(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride);
+
 }  // namespace sparsegrid

@@ -32,7 +32,9 @@ namespace sparsegrid::detail {
                            const Context& ctx);                                                              \
     Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,       \
                                   int32_t kernel_volume, const Context& ctx);                                \
-    int64_t count_edges(const Buffer<int32_t>& map, const Context& ctx);
+    int64_t count_edges(const Buffer<int32_t>& map, const Context& ctx);                                  \
+    /* Transposed-direction map of the K = S = 2 subdivision of `coarse`: row 8n + t holds n at tap t. */  \
+    Buffer<int32_t> subdivision_map(const GridStorage& coarse);
 
 namespace cpu {
 SPARSEGRID_BACKEND_FUNCTIONS

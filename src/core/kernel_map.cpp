@@ -58,4 +58,28 @@ KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const 
     return KernelMap(std::move(map), source.num_voxels(), target.num_voxels(), kernel_size, stride, direction, ctx);
 }
 
+GridAndMap conv_transpose_grid_and_map(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
+    constexpr const char* op = "conv_transpose_grid_and_map";
+    detail::make_conv_geometry(op, kernel_size, stride);
+    GridBatch grid = source.conv_transpose_grid(kernel_size, stride);
+    if (kernel_size == Vec3i{2, 2, 2} && stride == Vec3i{2, 2, 2}) {
+        if (grid.num_voxels() > INT32_MAX)
+            throw_error(op, ": the generated grid has ", grid.num_voxels(),
+                        " voxels; int32 neighbour maps need fewer than 2^31 voxels");
+        const Context& ctx = source.context();
+        Buffer<int32_t> map = SPARSEGRID_DISPATCH(op, ctx, subdivision_map(source.storage()));
+        KernelMap kernel_map(std::move(map), source.num_voxels(), grid.num_voxels(), kernel_size, stride,
+                             MapDirection::Transposed, ctx);
+        return GridAndMap{std::move(grid), std::move(kernel_map)};
+    }
+    KernelMap map = neighbour_map(source, grid, kernel_size, stride, MapDirection::Transposed);
+    return GridAndMap{std::move(grid), std::move(map)};
+}
+
+GridAndMap conv_grid_and_map(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
+    GridBatch grid = source.conv_grid(kernel_size, stride);
+    KernelMap map = neighbour_map(source, grid, kernel_size, stride, MapDirection::Forward);
+    return GridAndMap{std::move(grid), std::move(map)};
+}
+
 }  // namespace sparsegrid

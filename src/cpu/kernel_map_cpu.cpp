@@ -235,6 +235,17 @@ Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, in
     return result;
 }
 
+Buffer<int32_t> subdivision_map(const GridStorage& coarse) {
+    const int64_t rows = 8 * coarse.num_voxels();
+    Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * 8, coarse.context);
+    int32_t* out = map.data();
+    parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
+        for (int64_t r = begin; r < end; ++r)
+            for (int64_t t = 0; t < 8; ++t) out[r * 8 + t] = t == (r & 7) ? static_cast<int32_t>(r >> 3) : -1;
+    });
+    return map;
+}
+
 int64_t count_edges(const Buffer<int32_t>& map, const Context&) {
     const int32_t* entries = map.data();
     int64_t total = 0;

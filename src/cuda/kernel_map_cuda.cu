@@ -138,7 +138,28 @@ __global__ void count_edges_kernel(const int32_t* map, int64_t entries, unsigned
     if ((threadIdx.x & 31) == 0 && local > 0) atomicAdd(total, local);
 }
 
+/// Row r of the K = S = 2 subdivision's transposed map: coarse voxel r / 8 at tap r % 8 (the child's
+/// Morton offset is its tap index), -1 elsewhere.
+__global__ void subdivision_map_kernel(int64_t rows, int32_t* map) {
+    SG_GRID_STRIDE_LOOP(i, rows * 8) {
+        const int64_t r = i >> 3;
+        map[i] = (i & 7) == (r & 7) ? static_cast<int32_t>(r >> 3) : -1;
+    }
+}
+
 }  // namespace
+
+Buffer<int32_t> subdivision_map(const GridStorage& coarse) {
+    const Context& ctx = coarse.context;
+    DeviceGuard guard(ctx);
+    const int64_t rows = 8 * coarse.num_voxels();
+    Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * 8, ctx);
+    if (rows > 0) {
+        subdivision_map_kernel<<<blocks_for(rows * 8), kThreads, 0, stream_of(ctx)>>>(rows, map.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+    }
+    return map;
+}
 
 Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, const std::vector<int64_t>& query_offsets) {
     const Context& ctx = grid.context;

@@ -6,6 +6,7 @@
 #include "cuda/cuda_common.cuh"
 
 #include <cstdlib>
+#include <mutex>
 #include <cstring>
 #include <string>
 
@@ -91,9 +92,24 @@ namespace {
 /// Stream-ordered allocation from the device's default memory pool.
 class StreamOrderedAllocator final : public Allocator {
 public:
+    /// Freed memory stays in the device's default pool instead of going back to the driver at every
+    /// synchronisation, so the per-step allocations of a training loop are recycled, not re-mapped.
+    static void keep_pool_memory(int device) {
+        static std::once_flag flags[64];
+        std::call_once(flags[device % 64], [device] {
+            cudaMemPool_t pool = nullptr;
+            if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+                uint64_t threshold = UINT64_MAX;
+                cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+            }
+            cudaGetLastError();
+        });
+    }
+
     void* allocate(std::size_t bytes, Device device, void* stream) override {
         if (bytes == 0) return nullptr;
         cuda::DeviceGuard guard(Context{device, stream, nullptr});
+        keep_pool_memory(device.index);
         void* ptr = nullptr;
         SPARSEGRID_CUDA_CHECK(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream)));
         return ptr;

@@ -72,6 +72,24 @@ __global__ void encode_input_kernel(const int32_t* ijk, const int64_t* offsets, 
     }
 }
 
+/// Box of the coordinates of every non-sentinel key (for generated grids whose box the host cannot
+/// predict exactly).
+template <typename KeyT>
+__global__ void keys_box_kernel(const KeyT* keys, int64_t count, KeyCodec codec, int32_t* box) {
+    for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base < count; base += int64_t{blockDim.x} * gridDim.x) {
+        const int64_t n = base + threadIdx.x;
+        const bool valid = n < count && keys[n] != ~KeyT(0);
+        int32_t v[3] = {0, 0, 0};
+        if (valid) {
+            const DecodedKey d = decode_key<KeyT>(codec, keys[n]);
+            v[0] = d.ijk[0];
+            v[1] = d.ijk[1];
+            v[2] = d.ijk[2];
+        }
+        fold_box(box, v, valid);
+    }
+}
+
 /// offsets[m] = first position of member m among `count` sorted unique keys (m = 0..B); sentinel
 /// keys (all ones) sort after every member.
 template <typename KeyT>
@@ -249,13 +267,24 @@ Buffer<int64_t> upload_offsets(const std::vector<int64_t>& offsets, const Contex
     return Buffer<int64_t>::from_host(offsets, ctx);
 }
 
-/// Sorts candidate keys (sentinels last), removes duplicates and decodes them into a grid; `box` is
-/// the exact box of the result, known on the host. One sync: the member offsets.
+/// Sorts candidate keys (sentinels last), removes duplicates and decodes them into a grid. `box` is
+/// the box of the result when `box_exact`; otherwise a cover, and the exact box is computed from the
+/// candidates. One sync: the member offsets (and the box).
 template <typename KeyT>
 GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const CoordBox& box,
-                                const Context& ctx) {
+                                bool box_exact, const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
     const int64_t n = keys.size();
+    Buffer<int32_t> box_buffer;
+    if (!box_exact) {
+        box_buffer = Buffer<int32_t>::allocate(7, ctx);
+        init_box_kernel<<<1, 32, 0, stream>>>(box_buffer.data(), box_buffer.data() + 6);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+        if (n > 0) {
+            keys_box_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream>>>(keys.data(), n, codec, box_buffer.data());
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+        }
+    }
     // Valid keys are below 2^total_bits; the sentinel has that bit set, so sorting one bit more puts
     // every sentinel after every valid key.
     const int end_bit = codec.total_bits() + 1;
@@ -286,17 +315,22 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     Readback readback(ctx);
     const size_t slot = readback.enqueue(offsets_buffer.data(), batch_size + 1);
+    const size_t box_slot = box_exact ? 0 : readback.enqueue(box_buffer.data(), 6);
     readback.wait();
     GridTopology topology;
     topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
     const int64_t count = topology.offsets.back();
+    topology.box = box;
+    if (!box_exact) {
+        const std::vector<int32_t> exact = readback.get<int32_t>(box_slot, 6);
+        topology.box = count == 0 ? CoordBox{} : CoordBox{{exact[0], exact[1], exact[2]}, {exact[3], exact[4], exact[5]}};
+    }
     topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
     if (count > 0) {
         decode_kernel<<<blocks_for(count), kThreads, 0, stream>>>(unique.data(), count, codec, topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     topology.offsets_buffer = std::move(offsets_buffer);
-    topology.box = box;
     return topology;
 }
 
@@ -443,7 +477,7 @@ GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offs
                 ijk, offsets_buffer.data(), batch_size, count, wide, wide_keys.data(), box_flag.data(),
                 box_flag.data() + 6);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-            return canonical_topology(wide_keys, wide, batch_size, box, ctx);
+            return canonical_topology(wide_keys, wide, batch_size, box, true, ctx);
         });
     }
     GridTopology topology;
@@ -515,7 +549,9 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
                 codec, keys.data());
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
         }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, ctx);
+        // The box is exact only when every fine voxel reaches a coarse voxel on every axis (K >= S).
+        const bool box_exact = g.kernel[0] >= g.stride[0] && g.kernel[1] >= g.stride[1] && g.kernel[2] >= g.stride[2];
+        return canonical_topology(keys, codec, grid.batch_size(), out_box, box_exact, ctx);
     });
 }
 
@@ -535,7 +571,7 @@ GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g,
                 keys.data());
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
         }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, ctx);
+        return canonical_topology(keys, codec, grid.batch_size(), out_box, true, ctx);
     });
 }
 
@@ -555,7 +591,7 @@ GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const 
                 make_int3(factor[0], factor[1], factor[2]), codec, keys.data());
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
         }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, ctx);
+        return canonical_topology(keys, codec, grid.batch_size(), out_box, true, ctx);
     });
 }
 
@@ -576,7 +612,7 @@ GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const Co
                 make_int3(factor[0], factor[1], factor[2]), codec, keys.data());
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
         }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, ctx);
+        return canonical_topology(keys, codec, grid.batch_size(), out_box, true, ctx);
     });
 }
 
@@ -629,7 +665,7 @@ GridTopology merged_grid(const GridStorage& a, const GridStorage& b, const Coord
         Buffer<KeyT> keys = Buffer<KeyT>::allocate(a.num_voxels() + b.num_voxels(), ctx);
         encode_grid_keys<KeyT>(a, codec, keys.data());
         encode_grid_keys<KeyT>(b, codec, keys.data() + a.num_voxels());
-        return canonical_topology(keys, codec, a.batch_size(), out_box, ctx);
+        return canonical_topology(keys, codec, a.batch_size(), out_box, true, ctx);
     });
 }
 
