@@ -49,6 +49,14 @@ for members in 16 32 48; do
     pairs+=(--pair "$out/bench_b$members.json" "$out/torch_b$members.json")
   fi
 done
+# Lookups by binary search instead of the hash table, for comparison.
+step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \
+  --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check
+# Per-member overhead: 64 members against the same voxels side by side in one member.
+step "bench 64 members" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 --repeats 20 \
+  --warmup 5 --no-check
+step "bench 64 members as one" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 \
+  --as-one-member --repeats 20 --warmup 5 --no-check
 if [ ${#pairs[@]} -gt 0 ] && [ -f "$root/bench/compare.py" ]; then
   python3 "$root/bench/compare.py" "${pairs[@]}" >"$out/compare.md" 2>>"$log" || summary+=("FAIL compare")
   cat "$out/compare.md" >>"$log"

@@ -132,6 +132,25 @@ std::vector<std::vector<Vec3i>> load_members(const BenchOptions& options, std::s
     return sparsegrid::first_members(members, count);
 }
 
+/// All members in one, member m shifted along i past the previous ones (8 voxels apart), so the
+/// voxel count and every member's local structure stay the same.
+std::vector<std::vector<Vec3i>> side_by_side(const std::vector<std::vector<Vec3i>>& members) {
+    std::vector<Vec3i> merged;
+    int64_t next_i = 0;
+    for (const auto& member : members) {
+        if (member.empty()) continue;
+        int32_t lo = member.front()[0], hi = member.front()[0];
+        for (const Vec3i& v : member) {
+            lo = std::min(lo, v[0]);
+            hi = std::max(hi, v[0]);
+        }
+        const int64_t shift = next_i - lo;
+        for (const Vec3i& v : member) merged.push_back({static_cast<int32_t>(v[0] + shift), v[1], v[2]});
+        next_i += int64_t{hi} - lo + 9;
+    }
+    return {merged};
+}
+
 std::vector<int32_t> flat_coordinates(const HostBatch& batch) {
     std::vector<int32_t> flat;
     flat.reserve(batch.voxels.size() * 3);
@@ -153,7 +172,12 @@ Workload make_workload(const BenchOptions& options) {
     w.context.device = options.device;
     w.allocator = std::make_shared<TrackingAllocator>(options.device);
     w.context.allocator = w.allocator.get();
-    w.input = flatten(load_members(options, w.description));
+    std::vector<std::vector<Vec3i>> members = load_members(options, w.description);
+    if (options.as_one_member) {
+        members = side_by_side(members);
+        w.description += ", side by side in one member";
+    }
+    w.input = flatten(members);
     w.input_ijk = Buffer<int32_t>::from_host(flat_coordinates(w.input), w.context);
     w.grid = GridBatch::from_ijk(w.input_span(), w.input.offsets, {}, w.context);
     w.grid_host = host_copy(w.grid);
@@ -334,10 +358,7 @@ std::vector<BenchCase> lookup_cases(const Workload& w) {
         false));
     cases.push_back(map_case(
         w, "transposed plan k2s2 (grid + map)",
-        [&w] {
-            const GridBatch fine = w.grid.conv_transpose_grid(2, 2);
-            return sparsegrid::neighbour_map(w.grid, fine, kK2, kK2, MapDirection::Transposed);
-        },
+        [&w] { return sparsegrid::conv_transpose_grid_and_map(w.grid, kK2, kK2).map; },
         [&w] {
             const HostBatch fine = host_copy(w.grid.conv_transpose_grid(2, 2));
             return naive_neighbour_map(w.grid_host, fine, kK2, kK2, MapDirection::Transposed);

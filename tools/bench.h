@@ -29,6 +29,7 @@ struct BenchOptions {
     int threads = 0;  ///< OpenMP threads; 0 = OpenMP's default
     std::string json_path;
     bool check = true;  ///< compare every result with the naive reference
+    bool as_one_member = false;  ///< merge all members side by side into one member
 };
 
 /// Runs the benchmark and prints its report to `out`. Throws UsageError for option values that turn

@@ -52,6 +52,8 @@ void print_usage(std::ostream& out) {
            "  --threads T        OpenMP threads (default: OpenMP's default)\n"
            "  --json FILE        also write the rows as JSON\n"
            "  --no-check         do not compare the results with the naive reference\n"
+           "  --as-one-member    place all members side by side (along i) in one member: the same voxels\n"
+           "                     and work, to measure what a batch costs over one large grid\n"
            "\n"
            "sparsegrid info FILE\n"
            "sparsegrid generate --output FILE [--batch B] [--resolution R] [--seed S]\n"
@@ -168,6 +170,9 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
             options.threads = static_cast<int>(reader.integer_value(1, kMaxThreads));
         } else if (*option == "--json") {
             options.json_path = reader.value();
+        } else if (*option == "--as-one-member") {
+            reader.expect_no_value();
+            options.as_one_member = true;
         } else if (*option == "--no-check") {
             reader.expect_no_value();
             options.check = false;

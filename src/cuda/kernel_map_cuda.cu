@@ -8,14 +8,33 @@
 
 #include <cub/device/device_scan.cuh>
 
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
 namespace sparsegrid::detail::cuda {
 
 namespace {
 
-/// The voxels of one grid on the device, searchable by (member, coordinate).
+/// Slot of a key: the fmix64 finaliser of MurmurHash3 spreads Morton codes over the table.
+__device__ __forceinline__ uint64_t hash_slot(uint64_t key, uint64_t mask) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    key *= 0xc4ceb9fe1a85ec53ull;
+    key ^= key >> 33;
+    return key & mask;
+}
+
+/// The voxels of one grid on the device, searchable by (member, coordinate): an open-addressing hash
+/// table with linear probing over 64-bit keys (capacity a power of two, at most half full), or a
+/// binary search over the grid's sorted keys (128-bit keys, or SPARSEGRID_LOOKUP=search). Both give
+/// the same answers; the table needs fewer dependent memory reads per lookup.
 template <typename KeyT>
 struct DeviceLookup {
-    const KeyT* keys;
+    const KeyT* keys;             ///< sorted keys of the grid (search) or table slots (hash)
+    const int32_t* values;        ///< hash: voxel index per slot; search: null
+    uint64_t mask;                ///< hash: capacity - 1
     const int64_t* offsets;
     KeyCodec codec;
     int32_t lo[3];
@@ -28,27 +47,81 @@ struct DeviceLookup {
             if (q[a] < lo[a] || q[a] > hi[a]) return -1;
         const KeyT key = encode_key<KeyT>(codec, member, static_cast<int32_t>(q[0]), static_cast<int32_t>(q[1]),
                                           static_cast<int32_t>(q[2]));
+        if (values) {
+            for (uint64_t slot = hash_slot(static_cast<uint64_t>(key), mask);; slot = (slot + 1) & mask) {
+                const KeyT stored = keys[slot];
+                if (stored == key) return values[slot];
+                if (stored == ~KeyT(0)) return -1;
+            }
+        }
         const int64_t end = offsets[member + 1];
         const int64_t pos = lower_bound(keys, offsets[member], end, key);
         return pos < end && keys[pos] == key ? pos : -1;
     }
 };
 
-/// Owns the key array a DeviceLookup points into.
+/// Owns the arrays a DeviceLookup points into.
 template <typename KeyT>
 struct LookupStorage {
     Buffer<KeyT> keys;
+    Buffer<int32_t> values;
     DeviceLookup<KeyT> view;
 };
 
+__global__ void hash_insert_kernel(const uint64_t* grid_keys, int64_t count, uint64_t mask,
+                                   unsigned long long* slots, int32_t* values) {
+    SG_GRID_STRIDE_LOOP(n, count) {
+        const unsigned long long key = grid_keys[n];
+        for (uint64_t slot = hash_slot(key, mask);; slot = (slot + 1) & mask) {
+            const unsigned long long previous = atomicCAS(&slots[slot], ~0ull, key);
+            if (previous == ~0ull || previous == key) {
+                values[slot] = static_cast<int32_t>(n);
+                break;
+            }
+        }
+    }
+}
+
+bool use_hash_lookup() {
+    static const bool hash = [] {
+        const char* mode = std::getenv("SPARSEGRID_LOOKUP");
+        return !(mode && std::string(mode) == "search");
+    }();
+    return hash;
+}
+
 template <typename KeyT>
 LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) {
+    const Context& ctx = grid.context;
     LookupStorage<KeyT> storage;
-    storage.keys = Buffer<KeyT>::allocate(grid.num_voxels(), grid.context);
-    encode_grid_keys<KeyT>(grid, codec, storage.keys.data());
+    const int64_t n = grid.num_voxels();
+    Buffer<KeyT> grid_keys = Buffer<KeyT>::allocate(n, ctx);
+    encode_grid_keys<KeyT>(grid, codec, grid_keys.data());
+    uint64_t mask = 0;
+    if constexpr (std::is_same_v<KeyT, uint64_t>) {
+        if (use_hash_lookup() && n > 0) {
+            uint64_t capacity = 1024;
+            while (capacity < static_cast<uint64_t>(2 * n)) capacity *= 2;
+            mask = capacity - 1;
+            storage.keys = Buffer<KeyT>::allocate(static_cast<int64_t>(capacity), ctx);
+            storage.values = Buffer<int32_t>::allocate(static_cast<int64_t>(capacity), ctx);
+            fill_bytes(storage.keys.data(), ctx.device, 0xff, capacity * sizeof(KeyT), ctx.stream);
+            hash_insert_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
+                grid_keys.data(), n, mask, reinterpret_cast<unsigned long long*>(storage.keys.data()),
+                storage.values.data());
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+        }
+    }
+    if (!storage.values.data()) storage.keys = std::move(grid_keys);
     const CoordBox& box = grid.topology.box;
-    storage.view = DeviceLookup<KeyT>{storage.keys.data(), grid.topology.offsets_buffer.data(), codec,
-                                      {box.lo[0], box.lo[1], box.lo[2]}, {box.hi[0], box.hi[1], box.hi[2]}, box.empty()};
+    storage.view = DeviceLookup<KeyT>{storage.keys.data(),
+                                      storage.values.data(),
+                                      mask,
+                                      grid.topology.offsets_buffer.data(),
+                                      codec,
+                                      {box.lo[0], box.lo[1], box.lo[2]},
+                                      {box.hi[0], box.hi[1], box.hi[2]},
+                                      box.empty() || n == 0};
     return storage;
 }
 
@@ -88,6 +161,35 @@ __global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* t
             else reachable = reachable && g.coarse_of(a, x, tap[a], &q[a]);
         }
         map[entry] = reachable ? static_cast<int32_t>(lookup.find(member_of(target_offsets, batch_size, row), q)) : -1;
+    }
+}
+
+/// Same grid, stride 1, odd kernel: the map is symmetric (map[n][t] = m exactly when
+/// map[m][V-1-t] = n), so only taps below the centre are searched and each edge found is written
+/// twice. The map must be filled with -1 beforehand.
+template <typename KeyT>
+__global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* ijk, const int64_t* offsets,
+                                     int64_t batch_size, int64_t rows, ConvGeometry g, bool forward, int32_t* map) {
+    const int32_t volume = g.kernel_volume();
+    const int32_t half = volume / 2;
+    SG_GRID_STRIDE_LOOP(entry, rows * (half + 1)) {
+        const int64_t row = entry / (half + 1);
+        const int32_t t = static_cast<int32_t>(entry - row * (half + 1));
+        if (t == half) {
+            map[row * volume + half] = static_cast<int32_t>(row);
+            continue;
+        }
+        int32_t tap[3];
+        g.tap_of(t, tap);
+        int64_t q[3];
+        // Stride 1: the transposed direction always divides, with the opposite offset.
+        for (int a = 0; a < 3; ++a) {
+            if (forward) q[a] = g.fine_of(a, ijk[3 * row + a], tap[a]);
+            else g.coarse_of(a, ijk[3 * row + a], tap[a], &q[a]);
+        }
+        const int64_t found = lookup.find(member_of(offsets, batch_size, row), q);
+        map[row * volume + t] = static_cast<int32_t>(found);
+        if (found >= 0) map[found * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
     }
 }
 
@@ -184,7 +286,18 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
     const int64_t entries = target.num_voxels() * g.kernel_volume();
     Buffer<int32_t> map = Buffer<int32_t>::allocate(entries, ctx);
     if (entries == 0) return map;
+    bool symmetric = &source == &target;
+    for (int a = 0; a < 3; ++a) symmetric = symmetric && g.stride[a] == 1 && g.kernel[a] % 2 == 1;
     with_lookup(source, [&](const auto& lookup) {
+        if (symmetric) {
+            fill_bytes(map.data(), ctx.device, 0xff, static_cast<size_t>(entries) * sizeof(int32_t), ctx.stream);
+            const int64_t work = target.num_voxels() * (g.kernel_volume() / 2 + 1);
+            symmetric_map_kernel<<<blocks_for(work), kThreads, 0, stream_of(ctx)>>>(
+                lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
+                target.num_voxels(), g, direction == MapDirection::Forward, map.data());
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+            return 0;
+        }
         neighbour_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(
             lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
             target.num_voxels(), g, direction == MapDirection::Forward, map.data());

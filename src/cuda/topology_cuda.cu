@@ -111,40 +111,111 @@ __global__ void decode_kernel(const KeyT* keys, int64_t count, KeyCodec codec, i
     }
 }
 
-/// conv_grid candidates: each fine voxel writes the coarse coordinates of its box into `per_voxel`
-/// fixed slots, unused slots get the sentinel.
+/// Where candidate keys go: into fixed slots of a key array (sorted afterwards; unused slots get the
+/// sentinel), or into a bitmap over the whole key space (read out in key order afterwards).
 template <typename KeyT>
+struct SlotSink {
+    KeyT* keys;
+    __device__ __forceinline__ void put(int64_t slot, KeyT key) const { keys[slot] = key; }
+    __device__ __forceinline__ void pad(int64_t slot) const { keys[slot] = ~KeyT(0); }
+};
+
+struct BitmapSink {
+    unsigned long long* words;
+    __device__ __forceinline__ void put(int64_t, uint64_t key) const {
+        unsigned long long* word = words + (key >> 6);
+        const unsigned long long bit = 1ull << (key & 63);
+        // Most candidates repeat a neighbour's: a plain read skips most of the atomics.
+        if (!(*word & bit)) atomicOr(word, bit);
+    }
+    __device__ __forceinline__ void pad(int64_t) const {}
+};
+
+/// conv_grid candidates: each fine voxel emits the coarse coordinates of its box into `per_voxel`
+/// fixed slots.
+template <typename KeyT, typename Sink>
 __global__ void conv_grid_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
                                             int64_t count, ConvGeometry g, int32_t per_voxel, KeyCodec codec,
-                                            KeyT* keys) {
+                                            Sink sink) {
     SG_GRID_STRIDE_LOOP(n, count) {
         const int64_t member = member_of(offsets, batch_size, n);
         int64_t lo[3], hi[3];
         for (int a = 0; a < 3; ++a) g.coarse_range(a, ijk[3 * n + a], &lo[a], &hi[a]);
-        KeyT* out = keys + n * per_voxel;
+        const int64_t first = n * per_voxel;
         int32_t written = 0;
         for (int64_t c0 = lo[0]; c0 <= hi[0]; ++c0)
             for (int64_t c1 = lo[1]; c1 <= hi[1]; ++c1)
                 for (int64_t c2 = lo[2]; c2 <= hi[2]; ++c2)
-                    out[written++] = encode_key<KeyT>(codec, member, static_cast<int32_t>(c0),
-                                                      static_cast<int32_t>(c1), static_cast<int32_t>(c2));
-        for (; written < per_voxel; ++written) out[written] = ~KeyT(0);
+                    sink.put(first + written++, encode_key<KeyT>(codec, member, static_cast<int32_t>(c0),
+                                                                 static_cast<int32_t>(c1), static_cast<int32_t>(c2)));
+        for (; written < per_voxel; ++written) sink.pad(first + written);
     }
 }
 
 /// conv_transpose_grid candidates: one key per (coarse voxel, tap).
-template <typename KeyT>
+template <typename KeyT, typename Sink>
 __global__ void conv_transpose_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
-                                                 int64_t count, ConvGeometry g, KeyCodec codec, KeyT* keys) {
+                                                 int64_t count, ConvGeometry g, KeyCodec codec, Sink sink) {
     const int32_t volume = g.kernel_volume();
     SG_GRID_STRIDE_LOOP(slot, count * volume) {
         const int64_t n = slot / volume;
         int32_t tap[3];
         g.tap_of(static_cast<int32_t>(slot - n * volume), tap);
-        keys[slot] = encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
-                                      static_cast<int32_t>(g.fine_of(0, ijk[3 * n], tap[0])),
-                                      static_cast<int32_t>(g.fine_of(1, ijk[3 * n + 1], tap[1])),
-                                      static_cast<int32_t>(g.fine_of(2, ijk[3 * n + 2], tap[2])));
+        sink.put(slot, encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
+                                        static_cast<int32_t>(g.fine_of(0, ijk[3 * n], tap[0])),
+                                        static_cast<int32_t>(g.fine_of(1, ijk[3 * n + 1], tap[1])),
+                                        static_cast<int32_t>(g.fine_of(2, ijk[3 * n + 2], tap[2]))));
+    }
+}
+
+/// Bits set in `words` before bit `bit` of the bitmap, given per-chunk exclusive counts (chunks of
+/// kChunkWords words).
+constexpr int64_t kChunkWords = 8;
+
+__global__ void chunk_popcount_kernel(const unsigned long long* words, int64_t chunks, int32_t* counts) {
+    SG_GRID_STRIDE_LOOP(c, chunks + 1) {
+        int32_t total = 0;
+        if (c < chunks)
+            for (int64_t w = 0; w < kChunkWords; ++w) total += __popcll(words[c * kChunkWords + w]);
+        counts[c] = total;
+    }
+}
+
+/// offsets[m] = number of set bits before member m's first key (m << morton_bits).
+__global__ void bitmap_offsets_kernel(const unsigned long long* words, const int32_t* chunk_position, int64_t chunks,
+                                      KeyCodec codec, int64_t batch_size, int64_t* offsets) {
+    SG_GRID_STRIDE_LOOP(m, batch_size + 1) {
+        const uint64_t bit = static_cast<uint64_t>(m) << codec.morton_bits();
+        const int64_t chunk = static_cast<int64_t>(bit >> 9);
+        if (chunk >= chunks) {
+            offsets[m] = chunk_position[chunks];
+            continue;
+        }
+        int64_t before = chunk_position[chunk];
+        const int64_t word = static_cast<int64_t>(bit >> 6);
+        for (int64_t w = chunk * kChunkWords; w < word; ++w) before += __popcll(words[w]);
+        if (bit & 63) before += __popcll(words[word] & ((1ull << (bit & 63)) - 1));
+        offsets[m] = before;
+    }
+}
+
+/// Decodes every set bit, in bit (= key = voxel) order.
+__global__ void bitmap_emit_kernel(const unsigned long long* words, const int32_t* chunk_position, int64_t num_words,
+                                   KeyCodec codec, int32_t* ijk) {
+    SG_GRID_STRIDE_LOOP(w, num_words) {
+        unsigned long long bits = words[w];
+        if (!bits) continue;
+        int64_t position = chunk_position[w / kChunkWords];
+        for (int64_t v = (w / kChunkWords) * kChunkWords; v < w; ++v) position += __popcll(words[v]);
+        while (bits) {
+            const int b = __ffsll(static_cast<long long>(bits)) - 1;
+            bits &= bits - 1;
+            const DecodedKey d = decode_key<uint64_t>(codec, static_cast<uint64_t>(w) * 64 + b);
+            ijk[3 * position] = d.ijk[0];
+            ijk[3 * position + 1] = d.ijk[1];
+            ijk[3 * position + 2] = d.ijk[2];
+            ++position;
+        }
     }
 }
 
@@ -334,6 +405,82 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     return topology;
 }
 
+/// Runs fn(KeyT{}) with the narrowest key type of the codec.
+template <typename Fn>
+auto with_key_type(const KeyCodec& codec, Fn&& fn) {
+    if (codec.fits_64()) return fn(uint64_t{});
+    return fn(Key128{});
+}
+
+/// Reads a bitmap over the key space out in key order: per-chunk popcounts, one scan, offsets of the
+/// member boundaries, one sync, then every set bit decoded at its rank. `box` must be exact.
+GridTopology canonical_from_bitmap(const Buffer<unsigned long long>& words, const KeyCodec& codec, int64_t batch_size,
+                                   const CoordBox& box, const Context& ctx) {
+    const cudaStream_t stream = stream_of(ctx);
+    const int64_t num_words = words.size();
+    const int64_t chunks = num_words / kChunkWords;
+    Buffer<int32_t> counts = Buffer<int32_t>::allocate(chunks + 1, ctx);
+    Buffer<int32_t> position = Buffer<int32_t>::allocate(chunks + 1, ctx);
+    chunk_popcount_kernel<<<blocks_for(chunks + 1), kThreads, 0, stream>>>(words.data(), chunks, counts.data());
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    {
+        TempStorage temp;
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, counts.data(), position.data(), chunks + 1, stream));
+        temp.ensure(ctx);
+        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, counts.data(), position.data(),
+                                                            chunks + 1, stream));
+    }
+    GridTopology topology;
+    topology.offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
+    bitmap_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(
+        words.data(), position.data(), chunks, codec, batch_size, topology.offsets_buffer.data());
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    Readback readback(ctx);
+    const size_t slot = readback.enqueue(topology.offsets_buffer.data(), batch_size + 1);
+    readback.wait();
+    topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
+    const int64_t count = topology.offsets.back();
+    topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
+    if (count > 0) {
+        bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(words.data(), position.data(), num_words,
+                                                                         codec, topology.ijk.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    }
+    topology.box = box;
+    return topology;
+}
+
+/// A dense bitmap over the codec's whole key space replaces the sort when that space is small next to
+/// the candidates (up to 2^31 bits): writing bits and reading them out in order costs a few passes
+/// over the bitmap, where a radix sort costs several over every candidate.
+bool use_bitmap(const KeyCodec& codec, int64_t candidates, bool box_exact) {
+    if (!box_exact || codec.total_bits() > 31) return false;
+    return (int64_t{1} << codec.total_bits()) <= 64 * std::max<int64_t>(candidates, int64_t{1} << 20);
+}
+
+/// Builds a generated grid from candidates: launch(key_tag, sink) emits `slots` candidates into the
+/// sink, either fixed key slots (then sorted) or the bitmap.
+template <typename Launch>
+GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64_t slots, const CoordBox& box,
+                           bool box_exact, Launch&& launch) {
+    const Context& ctx = grid.context;
+    if (use_bitmap(codec, slots, box_exact)) {
+        const int64_t bits = int64_t{1} << codec.total_bits();
+        const int64_t num_words = std::max<int64_t>(kChunkWords, bits / 64);
+        Buffer<unsigned long long> words = Buffer<unsigned long long>::allocate(num_words, ctx);
+        fill_bytes(words.data(), ctx.device, 0, static_cast<size_t>(num_words) * sizeof(unsigned long long), ctx.stream);
+        if (slots > 0) launch(uint64_t{}, BitmapSink{words.data()});
+        return canonical_from_bitmap(words, codec, grid.batch_size(), box, ctx);
+    }
+    return with_key_type(codec, [&](auto key_tag) {
+        using KeyT = decltype(key_tag);
+        Buffer<KeyT> keys = Buffer<KeyT>::allocate(slots, ctx);
+        if (slots > 0) launch(key_tag, SlotSink<KeyT>{keys.data()});
+        return canonical_topology(keys, codec, grid.batch_size(), box, box_exact, ctx);
+    });
+}
+
 bool all_axes_equal(const ConvGeometry& g, int32_t kernel, int32_t stride) {
     for (int a = 0; a < 3; ++a)
         if (g.kernel[a] != kernel || g.stride[a] != stride) return false;
@@ -404,12 +551,6 @@ GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor, const 
     return topology;
 }
 
-/// Runs fn(KeyT{}) with the narrowest key type of the codec.
-template <typename Fn>
-auto with_key_type(const KeyCodec& codec, Fn&& fn) {
-    if (codec.fits_64()) return fn(uint64_t{});
-    return fn(Key128{});
-}
 
 }  // namespace
 
@@ -534,44 +675,33 @@ Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& off
 GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     DeviceGuard guard(grid.context);
     if (all_axes_equal(g, 2, 2)) return coarsen_sorted(grid, 1, out_box);
-    const Context& ctx = grid.context;
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     int32_t per_voxel = 1;
     for (int a = 0; a < 3; ++a) per_voxel *= (g.kernel[a] + g.stride[a] - 1) / g.stride[a];
     const int64_t n = grid.num_voxels();
     const int64_t slots = checked_mul("conv_grid", "candidate count", n, per_voxel);
-    return with_key_type(codec, [&](auto key_tag) {
+    // The box is exact only when every fine voxel reaches a coarse voxel on every axis (K >= S).
+    const bool box_exact = g.kernel[0] >= g.stride[0] && g.kernel[1] >= g.stride[1] && g.kernel[2] >= g.stride[2];
+    return generate_grid(grid, codec, slots, out_box, box_exact, [&](auto key_tag, auto sink) {
         using KeyT = decltype(key_tag);
-        Buffer<KeyT> keys = Buffer<KeyT>::allocate(slots, ctx);
-        if (n > 0) {
-            conv_grid_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
-                grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g, per_voxel,
-                codec, keys.data());
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-        }
-        // The box is exact only when every fine voxel reaches a coarse voxel on every axis (K >= S).
-        const bool box_exact = g.kernel[0] >= g.stride[0] && g.kernel[1] >= g.stride[1] && g.kernel[2] >= g.stride[2];
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, box_exact, ctx);
+        conv_grid_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(grid.context)>>>(
+            grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g, per_voxel, codec,
+            sink);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
     });
 }
 
 GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     DeviceGuard guard(grid.context);
     if (all_axes_equal(g, 2, 2)) return subdivide_sorted(grid, 1, out_box);
-    const Context& ctx = grid.context;
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t n = grid.num_voxels();
     const int64_t slots = checked_mul("conv_transpose_grid", "candidate count", n, g.kernel_volume());
-    return with_key_type(codec, [&](auto key_tag) {
+    return generate_grid(grid, codec, slots, out_box, true, [&](auto key_tag, auto sink) {
         using KeyT = decltype(key_tag);
-        Buffer<KeyT> keys = Buffer<KeyT>::allocate(slots, ctx);
-        if (slots > 0) {
-            conv_transpose_candidates_kernel<KeyT><<<blocks_for(slots), kThreads, 0, stream_of(ctx)>>>(
-                grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g, codec,
-                keys.data());
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-        }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, true, ctx);
+        conv_transpose_candidates_kernel<KeyT><<<blocks_for(slots), kThreads, 0, stream_of(grid.context)>>>(
+            grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g, codec, sink);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
     });
 }
 

@@ -90,10 +90,11 @@ FlatTriples<T> flatten(const std::vector<std::vector<std::array<T, 3>>>& members
 }
 
 /// Fixture of every test that runs on each backend present:
-///   class Topology : public BackendTest {};
-///   TEST_P(Topology, Name) { ... make_grid(...) ... on_device(mask) ... }
-///   INSTANTIATE_TEST_SUITE_P(, Topology, ::testing::ValuesIn(available_backends()), backend_name);
-/// gives the tests Topology.Name/cpu and, with a CUDA device, Topology.Name/cuda.
+///   class TopologyTest : public BackendTest {};
+///   INSTANTIATE_TEST_SUITE_P(, TopologyTest, ::testing::ValuesIn(available_backends()), backend_name);
+///   TEST_P(TopologyTest, Name) { ... make_grid(...) ... on_device(mask) ... device() ... }
+/// gives the tests TopologyTest.Name/cpu and, with a CUDA device, TopologyTest.Name/cuda. (Suites are
+/// named ...Test because GridBatch and KernelMap already name the library's types here.)
 class BackendTest : public ::testing::TestWithParam<Backend> {
 protected:
     const sparsegrid::Context& ctx() const { return GetParam().context; }
