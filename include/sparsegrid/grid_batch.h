@@ -86,7 +86,8 @@ public:
     const Buffer<int32_t>& ijk() const;
     /// ijk() copied to the host as triples (syncs on CUDA).
     std::vector<Vec3i> ijk_host() const;
-    /// A box containing every voxel of the batch (exact on the CPU backend; conservative elsewhere).
+    /// The smallest box containing every voxel of the batch (the empty box for no voxels); equal on
+    /// every backend.
     const CoordBox& coordinate_box() const;
 
     Device device() const;

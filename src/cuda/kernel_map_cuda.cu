@@ -47,6 +47,11 @@ struct DeviceLookup {
             if (q[a] < lo[a] || q[a] > hi[a]) return -1;
         const KeyT key = encode_key<KeyT>(codec, member, static_cast<int32_t>(q[0]), static_cast<int32_t>(q[1]),
                                           static_cast<int32_t>(q[2]));
+        return find_key(member, key);
+    }
+
+    /// Index of the voxel with `key` (which must encode a coordinate inside the box), or -1.
+    __device__ __forceinline__ int64_t find_key(int64_t member, KeyT key) const {
         if (values) {
             for (uint64_t slot = hash_slot(static_cast<uint64_t>(key), mask);; slot = (slot + 1) & mask) {
                 const KeyT stored = keys[slot];

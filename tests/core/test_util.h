@@ -148,9 +148,8 @@ MemberLists member_lists(const GridBatch& grid);
 
 /// Structure checks of any grid: on `device` (grid, context and buffers), batch size, offsets (from 0,
 /// non-decreasing, last = num_voxels, num_voxels(m) consistent, device buffer equal to host copy), ijk
-/// size, strictly increasing documented order within every member, and a coordinate_box() that holds
-/// every voxel (exact on the CPU backend, as documented; CUDA boxes are compared with the CPU ones bit
-/// for bit in test_backend_parity.cpp).
+/// size, strictly increasing documented order within every member, and a coordinate_box() equal to
+/// the smallest box of the voxels (on every backend, as documented).
 ::testing::AssertionResult grid_is_well_formed(const GridBatch& grid, sparsegrid::Device device);
 /// grid_is_well_formed plus: member m holds exactly expected[m], in the documented order.
 ::testing::AssertionResult grid_matches(const GridBatch& grid, const OracleBatch& expected, sparsegrid::Device device);
