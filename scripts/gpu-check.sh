@@ -52,6 +52,9 @@ done
 # Lookups by binary search instead of the hash table, for comparison.
 step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \
   --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check
+# Same-grid maps with every tap looked up instead of the symmetric half, for comparison.
+step "bench b16 symmetric maps off" env SPARSEGRID_SYMMETRIC_MAPS=0 "$build/tools/sparsegrid" bench --device cuda \
+  --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check
 # Per-member overhead: 64 members against the same voxels side by side in one member.
 step "bench 64 members" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 --repeats 20 \
   --warmup 5 --no-check

@@ -8,6 +8,7 @@
 
 #include <cub/device/device_scan.cuh>
 
+#include <climits>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -93,6 +94,15 @@ bool use_hash_lookup() {
         return !(mode && std::string(mode) == "search");
     }();
     return hash;
+}
+
+/// SPARSEGRID_SYMMETRIC_MAPS=0 turns the symmetric shortcut off (for measurements; results are equal).
+bool use_symmetry() {
+    static const bool enabled = [] {
+        const char* value = std::getenv("SPARSEGRID_SYMMETRIC_MAPS");
+        return !(value && std::string(value) == "0");
+    }();
+    return enabled;
 }
 
 template <typename KeyT>
@@ -200,7 +210,8 @@ __global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* i
 
 /// flags[t * rows + r] = 1 for every edge (tap-major, so one scan numbers the edges per tap in
 /// increasing target order); flags[volume * rows] = 0 makes the scan end with the total.
-__global__ void tap_major_flags_kernel(const int32_t* map, int64_t rows, int32_t volume, int64_t* flags) {
+template <typename IndexT>
+__global__ void tap_major_flags_kernel(const int32_t* map, int64_t rows, int32_t volume, IndexT* flags) {
     SG_GRID_STRIDE_LOOP(i, rows * volume + 1) {
         if (i == rows * volume) {
             flags[i] = 0;
@@ -212,11 +223,13 @@ __global__ void tap_major_flags_kernel(const int32_t* map, int64_t rows, int32_t
     }
 }
 
-__global__ void tap_offsets_kernel(const int64_t* position, int64_t rows, int32_t volume, int64_t* tap_offsets) {
+template <typename IndexT>
+__global__ void tap_offsets_kernel(const IndexT* position, int64_t rows, int32_t volume, int64_t* tap_offsets) {
     SG_GRID_STRIDE_LOOP(t, volume + 1) { tap_offsets[t] = position[t * rows]; }
 }
 
-__global__ void pairs_scatter_kernel(const int32_t* map, const int64_t* position, int64_t rows, int32_t volume,
+template <typename IndexT>
+__global__ void pairs_scatter_kernel(const int32_t* map, const IndexT* position, int64_t rows, int32_t volume,
                                      int32_t* source_index, int32_t* target_index) {
     SG_GRID_STRIDE_LOOP(i, rows * volume) {
         const int64_t t = i / rows;
@@ -291,7 +304,7 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
     const int64_t entries = target.num_voxels() * g.kernel_volume();
     Buffer<int32_t> map = Buffer<int32_t>::allocate(entries, ctx);
     if (entries == 0) return map;
-    bool symmetric = &source == &target;
+    bool symmetric = &source == &target && use_symmetry();
     for (int a = 0; a < 3; ++a) symmetric = symmetric && g.stride[a] == 1 && g.kernel[a] % 2 == 1;
     with_lookup(source, [&](const auto& lookup) {
         if (symmetric) {
@@ -312,12 +325,16 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
     return map;
 }
 
-PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
-    DeviceGuard guard(ctx);
+namespace {
+
+/// pairs_by_tap with flags and positions of IndexT: int32 while the map has fewer than 2^31 entries,
+/// which halves the scan's memory against int64.
+template <typename IndexT>
+PairLists pairs_by_tap_impl(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
     const int64_t entries = num_target * kernel_volume;
-    Buffer<int64_t> flags = Buffer<int64_t>::allocate(entries + 1, ctx);
-    Buffer<int64_t> position = Buffer<int64_t>::allocate(entries + 1, ctx);
+    Buffer<IndexT> flags = Buffer<IndexT>::allocate(entries + 1, ctx);
+    Buffer<IndexT> position = Buffer<IndexT>::allocate(entries + 1, ctx);
     tap_major_flags_kernel<<<blocks_for(entries + 1), kThreads, 0, stream>>>(map.data(), num_target, kernel_volume,
                                                                            flags.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
@@ -329,6 +346,7 @@ PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t k
         SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags.data(), position.data(),
                                                             entries + 1, stream));
     }
+    flags = Buffer<IndexT>();
     Buffer<int64_t> tap_offsets = Buffer<int64_t>::allocate(kernel_volume + 1, ctx);
     tap_offsets_kernel<<<blocks_for(kernel_volume + 1), kThreads, 0, stream>>>(position.data(), num_target,
                                                                              kernel_volume, tap_offsets.data());
@@ -348,6 +366,14 @@ PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t k
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     return pairs;
+}
+
+}  // namespace
+
+PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
+    DeviceGuard guard(ctx);
+    if (num_target * kernel_volume < INT32_MAX) return pairs_by_tap_impl<int32_t>(map, num_target, kernel_volume, ctx);
+    return pairs_by_tap_impl<int64_t>(map, num_target, kernel_volume, ctx);
 }
 
 Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,

@@ -265,8 +265,9 @@ __global__ void scale_offsets_kernel(const int64_t* in, int64_t entries, int64_t
 
 /// starts[n] = 1 when voxel n begins a new parent under coarsening by 2^p (first of its member, or a
 /// parent different from the previous voxel's); starts[count] = 0 so the scan yields the total.
+template <typename IndexT>
 __global__ void coarsen_starts_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
-                                      int32_t log2_factor, int64_t* starts) {
+                                      int32_t log2_factor, IndexT* starts) {
     SG_GRID_STRIDE_LOOP(n, count + 1) {
         if (n == count) {
             starts[n] = 0;
@@ -279,21 +280,24 @@ __global__ void coarsen_starts_kernel(const int32_t* ijk, const int64_t* offsets
     }
 }
 
-__global__ void coarsen_scatter_kernel(const int32_t* ijk, const int64_t* starts, const int64_t* position, int64_t count,
+template <typename IndexT>
+__global__ void coarsen_scatter_kernel(const int32_t* ijk, const IndexT* starts, const IndexT* position, int64_t count,
                                        int32_t log2_factor, int32_t* out) {
     SG_GRID_STRIDE_LOOP(n, count) {
         if (!starts[n]) continue;
-        for (int a = 0; a < 3; ++a) out[3 * position[n] + a] = ijk[3 * n + a] >> log2_factor;
+        for (int a = 0; a < 3; ++a) out[3 * static_cast<int64_t>(position[n]) + a] = ijk[3 * n + a] >> log2_factor;
     }
 }
 
 /// Gathers offsets[m] = position[in_offsets[m]].
-__global__ void gather_offsets_kernel(const int64_t* position, const int64_t* in_offsets, int64_t entries, int64_t* out) {
+template <typename IndexT>
+__global__ void gather_offsets_kernel(const IndexT* position, const int64_t* in_offsets, int64_t entries, int64_t* out) {
     SG_GRID_STRIDE_LOOP(m, entries) { out[m] = position[in_offsets[m]]; }
 }
 
 /// Mask flags for pruning, with the box of the kept voxels.
-__global__ void prune_flags_kernel(const int32_t* ijk, const uint8_t* mask, int64_t count, int64_t* flags, int32_t* box) {
+template <typename IndexT>
+__global__ void prune_flags_kernel(const int32_t* ijk, const uint8_t* mask, int64_t count, IndexT* flags, int32_t* box) {
     for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base <= count; base += int64_t{blockDim.x} * gridDim.x) {
         const int64_t n = base + threadIdx.x;
         const bool keep = n < count && mask[n] != 0;
@@ -305,11 +309,12 @@ __global__ void prune_flags_kernel(const int32_t* ijk, const uint8_t* mask, int6
     }
 }
 
-__global__ void prune_scatter_kernel(const int32_t* ijk, const uint8_t* mask, const int64_t* position, int64_t count,
+template <typename IndexT>
+__global__ void prune_scatter_kernel(const int32_t* ijk, const uint8_t* mask, const IndexT* position, int64_t count,
                                      int32_t* out) {
     SG_GRID_STRIDE_LOOP(n, count) {
         if (!mask[n]) continue;
-        for (int a = 0; a < 3; ++a) out[3 * position[n] + a] = ijk[3 * n + a];
+        for (int a = 0; a < 3; ++a) out[3 * static_cast<int64_t>(position[n]) + a] = ijk[3 * n + a];
     }
 }
 
@@ -512,7 +517,8 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor, cons
 }
 
 /// Exclusive scan of `flags` (count + 1 entries, the last 0) into `position`.
-void exclusive_scan(const int64_t* flags, int64_t* position, int64_t entries, const Context& ctx) {
+template <typename IndexT>
+void exclusive_scan(const IndexT* flags, IndexT* position, int64_t entries, const Context& ctx) {
     TempStorage temp;
     SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, flags, position, entries, stream_of(ctx)));
     temp.ensure(ctx);
@@ -521,13 +527,14 @@ void exclusive_scan(const int64_t* flags, int64_t* position, int64_t entries, co
 
 /// Coarsening by 2^p of a grid in voxel order: parents are non-decreasing, so a scan of "new parent"
 /// flags places them. One sync (offsets).
-GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor, const CoordBox& out_box) {
+template <typename IndexT>
+GridTopology coarsen_sorted_impl(const GridStorage& grid, int32_t log2_factor, const CoordBox& out_box) {
     const Context& ctx = grid.context;
     const cudaStream_t stream = stream_of(ctx);
     const int64_t n = grid.num_voxels();
     const int64_t batch_size = grid.batch_size();
-    Buffer<int64_t> starts = Buffer<int64_t>::allocate(n + 1, ctx);
-    Buffer<int64_t> position = Buffer<int64_t>::allocate(n + 1, ctx);
+    Buffer<IndexT> starts = Buffer<IndexT>::allocate(n + 1, ctx);
+    Buffer<IndexT> position = Buffer<IndexT>::allocate(n + 1, ctx);
     coarsen_starts_kernel<<<blocks_for(n + 1), kThreads, 0, stream>>>(
         grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), batch_size, n, log2_factor, starts.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
@@ -549,6 +556,12 @@ GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor, const 
     }
     topology.box = out_box;
     return topology;
+}
+
+/// Scans in int32 while the grid has fewer than 2^31 voxels (half the memory of int64).
+GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor, const CoordBox& out_box) {
+    if (grid.num_voxels() < INT32_MAX) return coarsen_sorted_impl<int32_t>(grid, log2_factor, out_box);
+    return coarsen_sorted_impl<int64_t>(grid, log2_factor, out_box);
 }
 
 
@@ -746,14 +759,17 @@ GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const Co
     });
 }
 
-GridTopology pruned_grid(const GridStorage& grid, const uint8_t* mask) {
+namespace {
+
+template <typename IndexT>
+GridTopology pruned_grid_impl(const GridStorage& grid, const uint8_t* mask) {
     const Context& ctx = grid.context;
     DeviceGuard guard(ctx);
     const cudaStream_t stream = stream_of(ctx);
     const int64_t n = grid.num_voxels();
     const int64_t batch_size = grid.batch_size();
-    Buffer<int64_t> flags = Buffer<int64_t>::allocate(n + 1, ctx);
-    Buffer<int64_t> position = Buffer<int64_t>::allocate(n + 1, ctx);
+    Buffer<IndexT> flags = Buffer<IndexT>::allocate(n + 1, ctx);
+    Buffer<IndexT> position = Buffer<IndexT>::allocate(n + 1, ctx);
     Buffer<int32_t> box_flag = Buffer<int32_t>::allocate(7, ctx);
     init_box_kernel<<<1, 32, 0, stream>>>(box_flag.data(), box_flag.data() + 6);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
@@ -784,6 +800,13 @@ GridTopology pruned_grid(const GridStorage& grid, const uint8_t* mask) {
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     return topology;
+}
+
+}  // namespace
+
+GridTopology pruned_grid(const GridStorage& grid, const uint8_t* mask) {
+    if (grid.num_voxels() < INT32_MAX) return pruned_grid_impl<int32_t>(grid, mask);
+    return pruned_grid_impl<int64_t>(grid, mask);
 }
 
 GridTopology merged_grid(const GridStorage& a, const GridStorage& b, const CoordBox& out_box) {
