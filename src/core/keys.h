@@ -115,4 +115,22 @@ SG_HD DecodedKey decode_key<Key128>(const KeyCodec& codec, Key128 key) {
     return out;
 }
 
+/// Slot of a 64-bit key in an open-addressing table of capacity mask + 1 (a power of two): the fmix64
+/// finaliser of MurmurHash3 spreads Morton codes, whose low bits vary little, over the table.
+SG_HD uint64_t hash_slot(uint64_t key, uint64_t mask) {
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    key *= 0xc4ceb9fe1a85ec53ull;
+    key ^= key >> 33;
+    return key & mask;
+}
+
+/// Capacity of a lookup table for `count` keys: a power of two, at most half full.
+inline uint64_t hash_capacity(int64_t count) {
+    uint64_t capacity = 1024;
+    while (capacity < static_cast<uint64_t>(2 * count)) capacity *= 2;
+    return capacity;
+}
+
 }  // namespace sparsegrid::detail

@@ -1,7 +1,7 @@
-// CPU backend of lookups and kernel maps. Lookups search the source grid's sorted keys (its voxel
-// order) instead of hashing: target voxels are visited in voxel order, so for a fixed tap consecutive
-// queries land close to each other in the source and a galloping search from the previous answer
-// finds them in a few comparisons, touching nearby cache lines only.
+// CPU backend of lookups and kernel maps. Lookups go through an open-addressing hash table over the
+// source grid's 64-bit keys (the same table design as the CUDA backend); a row's queries are computed
+// and their slots prefetched before any is probed, so the cache misses overlap. Grids whose keys need
+// 128 bits are searched in their sorted keys instead, galloping from the previous answer of each tap.
 #include "core/backend.h"
 #include "core/checks.h"
 #include "cpu/grid_keys.h"
@@ -36,44 +36,102 @@ int64_t gallop_lower_bound(const KeyT* keys, int64_t lo, int64_t hi, int64_t hin
     return std::lower_bound(keys + std::max(probe + 1, lo), keys + at_or_above, value) - keys;
 }
 
-/// The voxels of one grid, searchable by (member, coordinate).
+/// Shared part of the lookups: the grid's box and codec, and the key of a query coordinate.
 template <typename KeyT>
-class SortedLookup {
+class LookupBase {
+public:
+    explicit LookupBase(const GridStorage& grid)
+        : m_offsets(grid.topology.offsets), m_box(grid.topology.box),
+          m_codec(make_codec(grid.topology.box, grid.batch_size())) {}
+
+    /// The key of voxel q of `member`; false when q lies outside the grid's box (then it is absent).
+    bool key_of(int64_t member, const int64_t q[3], KeyT* key) const {
+        if (m_box.empty()) return false;
+        for (int a = 0; a < 3; ++a)
+            if (q[a] < m_box.lo[a] || q[a] > m_box.hi[a]) return false;
+        *key = encode_key<KeyT>(m_codec, member, static_cast<int32_t>(q[0]), static_cast<int32_t>(q[1]),
+                                static_cast<int32_t>(q[2]));
+        return true;
+    }
+
+protected:
+    const std::vector<int64_t>& m_offsets;
+    CoordBox m_box;
+    KeyCodec m_codec;
+};
+
+/// Sorted keys of the grid, searched by galloping from a per-caller hint.
+template <typename KeyT>
+class SortedLookup : public LookupBase<KeyT> {
 public:
     explicit SortedLookup(const GridStorage& grid)
-        : m_offsets(grid.topology.offsets), m_box(grid.topology.box),
-          m_codec(make_codec(grid.topology.box, grid.batch_size())),
-          m_keys(encode_grid_keys<KeyT>(grid, m_codec)) {}
+        : LookupBase<KeyT>(grid), m_keys(encode_grid_keys<KeyT>(grid, this->m_codec)) {}
 
-    /// Index of voxel q of `member`, or -1. `hint` is a position near the expected answer; it is
-    /// updated to the search result for the next query.
-    int64_t find(int64_t member, const int64_t q[3], int64_t& hint) const {
-        if (m_box.empty()) return -1;
-        for (int a = 0; a < 3; ++a)
-            if (q[a] < m_box.lo[a] || q[a] > m_box.hi[a]) return -1;
-        const KeyT key = encode_key<KeyT>(m_codec, member, static_cast<int32_t>(q[0]), static_cast<int32_t>(q[1]),
-                                          static_cast<int32_t>(q[2]));
-        const int64_t end = m_offsets[member + 1];
-        const int64_t pos = gallop_lower_bound(m_keys.data(), m_offsets[member], end, hint, key);
+    void prefetch(KeyT) const {}
+    /// Index of the voxel with `key` in `member`, or -1; `hint` is a position near the answer and is
+    /// updated to it.
+    int64_t find_key(int64_t member, KeyT key, int64_t& hint) const {
+        const int64_t end = this->m_offsets[member + 1];
+        const int64_t pos = gallop_lower_bound(m_keys.data(), this->m_offsets[member], end, hint, key);
         hint = pos;
         return pos < end && m_keys[pos] == key ? pos : -1;
     }
 
 private:
-    const std::vector<int64_t>& m_offsets;
-    CoordBox m_box;
-    KeyCodec m_codec;
     std::vector<KeyT> m_keys;
 };
 
-/// Runs fn with a SortedLookup over `grid` of the grid's key type.
+/// Open-addressing hash table (linear probing, at most half full) over 64-bit keys; the all-ones key,
+/// which no voxel has, marks an empty slot.
+class HashLookup : public LookupBase<uint64_t> {
+public:
+    explicit HashLookup(const GridStorage& grid) : LookupBase<uint64_t>(grid) {
+        const std::vector<uint64_t> keys = encode_grid_keys<uint64_t>(grid, m_codec);
+        const int64_t n = static_cast<int64_t>(keys.size());
+        const uint64_t capacity = hash_capacity(n);
+        m_mask = capacity - 1;
+        m_slots.assign(capacity, ~uint64_t{0});
+        m_values.assign(capacity, -1);
+        uint64_t* slots = m_slots.data();
+        parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
+            for (int64_t v = begin; v < end; ++v) {
+                for (uint64_t slot = hash_slot(keys[v], m_mask);; slot = (slot + 1) & m_mask) {
+                    uint64_t expected = ~uint64_t{0};
+                    if (__atomic_compare_exchange_n(&slots[slot], &expected, keys[v], false, __ATOMIC_RELAXED,
+                                                    __ATOMIC_RELAXED)) {
+                        m_values[slot] = static_cast<int32_t>(v);
+                        break;
+                    }
+                }
+            }
+        });
+    }
+
+    void prefetch(uint64_t key) const { __builtin_prefetch(&m_slots[hash_slot(key, m_mask)]); }
+    int64_t find_key(int64_t, uint64_t key, int64_t&) const {
+        for (uint64_t slot = hash_slot(key, m_mask);; slot = (slot + 1) & m_mask) {
+            const uint64_t stored = m_slots[slot];
+            if (stored == key) return m_values[slot];
+            if (stored == ~uint64_t{0}) return -1;
+        }
+    }
+
+private:
+    uint64_t m_mask = 0;
+    std::vector<uint64_t> m_slots;
+    std::vector<int32_t> m_values;
+};
+
+/// Runs fn with the lookup of `grid`: the hash table for 64-bit keys, the sorted search otherwise.
 template <typename Fn>
 auto with_lookup(const GridStorage& grid, Fn&& fn) {
-    return with_key_type(make_codec(grid.topology.box, grid.batch_size()), [&](auto key_tag) {
-        using KeyT = decltype(key_tag);
-        const SortedLookup<KeyT> lookup(grid);
-        return fn(lookup);
-    });
+    const KeyCodec codec = make_codec(grid.topology.box, grid.batch_size());
+    if (codec.fits_64()) {
+        const HashLookup lookup(grid);
+        return fn(lookup, uint64_t{});
+    }
+    const SortedLookup<Key128> lookup(grid);
+    return fn(lookup, Key128{});
 }
 
 }  // namespace
@@ -82,12 +140,14 @@ Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, 
     const int64_t count = query_offsets.back();
     Buffer<int64_t> result = Buffer<int64_t>::allocate(count, grid.context);
     int64_t* out = result.data();
-    with_lookup(grid, [&](const auto& lookup) {
+    with_lookup(grid, [&](const auto& lookup, auto key_tag) {
+        using KeyT = decltype(key_tag);
         parallel_chunks(count, [&](int64_t begin, int64_t end, int, int) {
             int64_t hint = 0;
             for_each_voxel(query_offsets, begin, end, [&](int64_t member, int64_t n) {
                 const int64_t q[3] = {query_ijk[3 * n], query_ijk[3 * n + 1], query_ijk[3 * n + 2]};
-                out[n] = lookup.find(member, q, hint);
+                KeyT key{};
+                out[n] = lookup.key_of(member, q, &key) ? lookup.find_key(member, key, hint) : -1;
             });
         });
         return 0;
@@ -119,7 +179,8 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
     // With symmetry only taps below the centre are searched; the centre is the voxel itself and the
     // taps above are filled from the mirrored edges afterwards.
     const int32_t searched = symmetric ? volume / 2 : volume;
-    with_lookup(source, [&](const auto& lookup) {
+    with_lookup(source, [&](const auto& lookup, auto key_tag) {
+        using KeyT = decltype(key_tag);
         parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
             std::vector<int64_t> hints(static_cast<size_t>(searched), 0);
             // Per axis and tap: the source coordinate, and whether it exists (strides divide).
@@ -129,6 +190,9 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
                 source_coord[a].resize(static_cast<size_t>(g.kernel[a]));
                 valid[a].resize(static_cast<size_t>(g.kernel[a]));
             }
+            // The row's queries: every key is computed and prefetched before the first probe.
+            std::vector<KeyT> keys(static_cast<size_t>(searched));
+            std::vector<int32_t> query_taps(static_cast<size_t>(searched));
             for_each_voxel(target.topology.offsets, begin, end, [&](int64_t member, int64_t n) {
                 const int32_t* x = target_ijk + 3 * n;
                 for (int a = 0; a < 3; ++a)
@@ -142,16 +206,21 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
                     }
                 int32_t* row = out + n * volume;
                 int32_t t = 0;
+                int32_t queries = 0;
                 for (int32_t t0 = 0; t0 < g.kernel[0] && t < searched; ++t0)
                     for (int32_t t1 = 0; t1 < g.kernel[1] && t < searched; ++t1)
                         for (int32_t t2 = 0; t2 < g.kernel[2] && t < searched; ++t2, ++t) {
-                            if (!(valid[0][t0] && valid[1][t1] && valid[2][t2])) {
-                                row[t] = -1;
-                                continue;
-                            }
+                            row[t] = -1;
+                            if (!(valid[0][t0] && valid[1][t1] && valid[2][t2])) continue;
                             const int64_t q[3] = {source_coord[0][t0], source_coord[1][t1], source_coord[2][t2]};
-                            row[t] = static_cast<int32_t>(lookup.find(member, q, hints[t]));
+                            if (!lookup.key_of(member, q, &keys[queries])) continue;
+                            lookup.prefetch(keys[queries]);
+                            query_taps[queries++] = t;
                         }
+                for (int32_t i = 0; i < queries; ++i) {
+                    const int32_t tap = query_taps[i];
+                    row[tap] = static_cast<int32_t>(lookup.find_key(member, keys[i], hints[tap]));
+                }
                 if (symmetric) {
                     row[searched] = static_cast<int32_t>(n);
                     std::fill(row + searched + 1, row + volume, -1);

@@ -17,16 +17,6 @@ namespace sparsegrid::detail::cuda {
 
 namespace {
 
-/// Slot of a key: the fmix64 finaliser of MurmurHash3 spreads Morton codes over the table.
-__device__ __forceinline__ uint64_t hash_slot(uint64_t key, uint64_t mask) {
-    key ^= key >> 33;
-    key *= 0xff51afd7ed558ccdull;
-    key ^= key >> 33;
-    key *= 0xc4ceb9fe1a85ec53ull;
-    key ^= key >> 33;
-    return key & mask;
-}
-
 /// The voxels of one grid on the device, searchable by (member, coordinate): an open-addressing hash
 /// table with linear probing over 64-bit keys (capacity a power of two, at most half full), or a
 /// binary search over the grid's sorted keys (128-bit keys, or SPARSEGRID_LOOKUP=search). Both give
@@ -115,8 +105,7 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
     uint64_t mask = 0;
     if constexpr (std::is_same_v<KeyT, uint64_t>) {
         if (use_hash_lookup() && n > 0) {
-            uint64_t capacity = 1024;
-            while (capacity < static_cast<uint64_t>(2 * n)) capacity *= 2;
+            const uint64_t capacity = hash_capacity(n);
             mask = capacity - 1;
             storage.keys = Buffer<KeyT>::allocate(static_cast<int64_t>(capacity), ctx);
             storage.values = Buffer<int32_t>::allocate(static_cast<int64_t>(capacity), ctx);
