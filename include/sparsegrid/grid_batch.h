@@ -56,7 +56,8 @@ public:
     /// member m owning triples [member_offsets[m], member_offsets[m+1]). Any order, duplicates allowed
     /// (removed), every int32 value allowed. `member_offsets` (host, B+1 entries, non-decreasing, from 0)
     /// defines the batch size B >= 1; `transforms` has B entries or is empty (unit voxels at the origin).
-    /// Cost: one sort of the keys; 1 sync (unique count).
+    /// Cost: one sort of the keys; 1 sync (offsets and box), 2 when a coordinate lies outside
+    /// [-2^(L-1), 2^(L-1)), L = min(21, (63 - ceil(log2 B)) / 3), e.g. |c| >= 2^18 for 16 members.
     static GridBatch from_ijk(Span<const int32_t> ijk, const std::vector<int64_t>& member_offsets,
                               const std::vector<MemberTransform>& transforms = {}, const Context& ctx = {});
     /// Host convenience: one coordinate list per member.
@@ -66,6 +67,7 @@ public:
     /// From world points (x, y, z) in ctx.device memory, laid out like from_ijk's ijk: the grid of every
     /// voxel that contains at least one point, i.e. ijk = floor((xyz - origin) / voxel_size + 1/2).
     /// `transforms` must have one entry per member. Points must be finite and map into int32 range.
+    /// Cost: from_ijk's, plus 1 sync (the point check).
     static GridBatch from_points(Span<const double> xyz, const std::vector<int64_t>& member_offsets,
                                  const std::vector<MemberTransform>& transforms, const Context& ctx = {});
     static GridBatch from_points(const std::vector<std::vector<Vec3d>>& members,
