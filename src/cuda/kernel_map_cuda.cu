@@ -17,6 +17,13 @@ namespace sparsegrid::detail::cuda {
 
 namespace {
 
+/// entry / divisor in 32-bit arithmetic when entry allows (64-bit division is a long instruction
+/// sequence on the GPU, and every map thread divides its index).
+__device__ __forceinline__ int64_t divide(int64_t entry, int32_t divisor) {
+    if (entry <= UINT32_MAX) return static_cast<uint32_t>(entry) / static_cast<uint32_t>(divisor);
+    return entry / divisor;
+}
+
 /// The voxels of one grid on the device, searchable by (member, coordinate): an open-addressing hash
 /// table with linear probing over 64-bit keys (capacity a power of two, at most half full), or a
 /// binary search over the grid's sorted keys (128-bit keys, or SPARSEGRID_LOOKUP=search). Both give
@@ -64,10 +71,13 @@ struct LookupStorage {
     DeviceLookup<KeyT> view;
 };
 
-__global__ void hash_insert_kernel(const uint64_t* grid_keys, int64_t count, uint64_t mask,
-                                   unsigned long long* slots, int32_t* values) {
+/// Encodes every voxel of a grid and inserts it into the table (keys are unique, so a slot is only
+/// ever claimed once).
+__global__ void hash_insert_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
+                                   KeyCodec codec, uint64_t mask, unsigned long long* slots, int32_t* values) {
     SG_GRID_STRIDE_LOOP(n, count) {
-        const unsigned long long key = grid_keys[n];
+        const unsigned long long key = encode_key<uint64_t>(codec, member_of(offsets, batch_size, n), ijk[3 * n],
+                                                            ijk[3 * n + 1], ijk[3 * n + 2]);
         for (uint64_t slot = hash_slot(key, mask);; slot = (slot + 1) & mask) {
             const unsigned long long previous = atomicCAS(&slots[slot], ~0ull, key);
             if (previous == ~0ull || previous == key) {
@@ -100,9 +110,8 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
     const Context& ctx = grid.context;
     LookupStorage<KeyT> storage;
     const int64_t n = grid.num_voxels();
-    Buffer<KeyT> grid_keys = Buffer<KeyT>::allocate(n, ctx);
-    encode_grid_keys<KeyT>(grid, codec, grid_keys.data());
     uint64_t mask = 0;
+    bool hashed = false;
     if constexpr (std::is_same_v<KeyT, uint64_t>) {
         if (use_hash_lookup() && n > 0) {
             const uint64_t capacity = hash_capacity(n);
@@ -111,15 +120,19 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
             storage.values = Buffer<int32_t>::allocate(static_cast<int64_t>(capacity), ctx);
             fill_bytes(storage.keys.data(), ctx.device, 0xff, capacity * sizeof(KeyT), ctx.stream);
             hash_insert_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
-                grid_keys.data(), n, mask, reinterpret_cast<unsigned long long*>(storage.keys.data()),
-                storage.values.data());
+                grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, codec, mask,
+                reinterpret_cast<unsigned long long*>(storage.keys.data()), storage.values.data());
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+            hashed = true;
         }
     }
-    if (!storage.values.data()) storage.keys = std::move(grid_keys);
+    if (!hashed) {
+        storage.keys = Buffer<KeyT>::allocate(n, ctx);
+        encode_grid_keys<KeyT>(grid, codec, storage.keys.data());
+    }
     const CoordBox& box = grid.topology.box;
     storage.view = DeviceLookup<KeyT>{storage.keys.data(),
-                                      storage.values.data(),
+                                      hashed ? storage.values.data() : nullptr,
                                       mask,
                                       grid.topology.offsets_buffer.data(),
                                       codec,
@@ -154,7 +167,7 @@ __global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* t
                                      int64_t batch_size, int64_t rows, ConvGeometry g, bool forward, int32_t* map) {
     const int32_t volume = g.kernel_volume();
     SG_GRID_STRIDE_LOOP(entry, rows * volume) {
-        const int64_t row = entry / volume;
+        const int64_t row = divide(entry, volume);
         int32_t tap[3];
         g.tap_of(static_cast<int32_t>(entry - row * volume), tap);
         int64_t q[3];
@@ -177,7 +190,7 @@ __global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* i
     const int32_t volume = g.kernel_volume();
     const int32_t half = volume / 2;
     SG_GRID_STRIDE_LOOP(entry, rows * (half + 1)) {
-        const int64_t row = entry / (half + 1);
+        const int64_t row = divide(entry, half + 1);
         const int32_t t = static_cast<int32_t>(entry - row * (half + 1));
         if (t == half) {
             map[row * volume + half] = static_cast<int32_t>(row);

@@ -220,21 +220,21 @@ __global__ void bitmap_emit_kernel(const unsigned long long* words, const int32_
 }
 
 /// Keys of floor(ijk / factor) (general coarsening).
-template <typename KeyT>
+template <typename KeyT, typename Sink>
 __global__ void coarsen_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
-                                          int64_t count, int3 factor, KeyCodec codec, KeyT* keys) {
+                                          int64_t count, int3 factor, KeyCodec codec, Sink sink) {
     SG_GRID_STRIDE_LOOP(n, count) {
-        keys[n] = encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
-                                   static_cast<int32_t>(floor_div(ijk[3 * n], factor.x)),
-                                   static_cast<int32_t>(floor_div(ijk[3 * n + 1], factor.y)),
-                                   static_cast<int32_t>(floor_div(ijk[3 * n + 2], factor.z)));
+        sink.put(n, encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
+                                     static_cast<int32_t>(floor_div(ijk[3 * n], factor.x)),
+                                     static_cast<int32_t>(floor_div(ijk[3 * n + 1], factor.y)),
+                                     static_cast<int32_t>(floor_div(ijk[3 * n + 2], factor.z))));
     }
 }
 
 /// Keys of the f-blocks of every voxel (general refinement).
-template <typename KeyT>
+template <typename KeyT, typename Sink>
 __global__ void refine_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
-                                         int64_t count, int3 factor, KeyCodec codec, KeyT* keys) {
+                                         int64_t count, int3 factor, KeyCodec codec, Sink sink) {
     const int64_t children = int64_t{factor.x} * factor.y * factor.z;
     SG_GRID_STRIDE_LOOP(slot, count * children) {
         const int64_t n = slot / children;
@@ -242,8 +242,8 @@ __global__ void refine_candidates_kernel(const int32_t* ijk, const int64_t* offs
         const int32_t a2 = static_cast<int32_t>(r % factor.z);
         const int32_t a1 = static_cast<int32_t>((r / factor.z) % factor.y);
         const int32_t a0 = static_cast<int32_t>(r / (int64_t{factor.y} * factor.z));
-        keys[slot] = encode_key<KeyT>(codec, member_of(offsets, batch_size, n), factor.x * ijk[3 * n] + a0,
-                                      factor.y * ijk[3 * n + 1] + a1, factor.z * ijk[3 * n + 2] + a2);
+        sink.put(slot, encode_key<KeyT>(codec, member_of(offsets, batch_size, n), factor.x * ijk[3 * n] + a0,
+                                        factor.y * ijk[3 * n + 1] + a1, factor.z * ijk[3 * n + 2] + a2));
     }
 }
 
@@ -722,19 +722,14 @@ GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const 
     DeviceGuard guard(grid.context);
     int32_t log2_factor = 0;
     if (uniform_power_of_two(factor, &log2_factor)) return coarsen_sorted(grid, log2_factor, out_box);
-    const Context& ctx = grid.context;
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t n = grid.num_voxels();
-    return with_key_type(codec, [&](auto key_tag) {
+    return generate_grid(grid, codec, n, out_box, true, [&](auto key_tag, auto sink) {
         using KeyT = decltype(key_tag);
-        Buffer<KeyT> keys = Buffer<KeyT>::allocate(n, ctx);
-        if (n > 0) {
-            coarsen_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
-                grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n,
-                make_int3(factor[0], factor[1], factor[2]), codec, keys.data());
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-        }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, true, ctx);
+        coarsen_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(grid.context)>>>(
+            grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n,
+            make_int3(factor[0], factor[1], factor[2]), codec, sink);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
     });
 }
 
@@ -742,20 +737,15 @@ GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const Co
     DeviceGuard guard(grid.context);
     int32_t log2_factor = 0;
     if (uniform_power_of_two(factor, &log2_factor)) return subdivide_sorted(grid, log2_factor, out_box);
-    const Context& ctx = grid.context;
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t n = grid.num_voxels();
     const int64_t slots = checked_mul("refined_grid", "output voxel count", n, int64_t{factor[0]} * factor[1] * factor[2]);
-    return with_key_type(codec, [&](auto key_tag) {
+    return generate_grid(grid, codec, slots, out_box, true, [&](auto key_tag, auto sink) {
         using KeyT = decltype(key_tag);
-        Buffer<KeyT> keys = Buffer<KeyT>::allocate(slots, ctx);
-        if (slots > 0) {
-            refine_candidates_kernel<KeyT><<<blocks_for(slots), kThreads, 0, stream_of(ctx)>>>(
-                grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n,
-                make_int3(factor[0], factor[1], factor[2]), codec, keys.data());
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-        }
-        return canonical_topology(keys, codec, grid.batch_size(), out_box, true, ctx);
+        refine_candidates_kernel<KeyT><<<blocks_for(slots), kThreads, 0, stream_of(grid.context)>>>(
+            grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n,
+            make_int3(factor[0], factor[1], factor[2]), codec, sink);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
     });
 }
 
