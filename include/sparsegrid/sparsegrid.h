@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sparsegrid/buffer.h>
+#include <sparsegrid/convolution.h>
 #include <sparsegrid/grid_batch.h>
 #include <sparsegrid/io.h>
 #include <sparsegrid/kernel_map.h>

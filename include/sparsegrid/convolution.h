@@ -1,0 +1,86 @@
+// Sparse convolution plans: the kernel map between a source and a target grid, and the execution of
+// the convolution over it (forward, and backward for features and weights) on raw buffers.
+//
+// Semantics (per axis pb = (K - 1) / 2; taps t = t0*K1*K2 + t1*K2 + t2; weights [Cout, Cin, K0, K1, K2]):
+//   forward plan    (source fine F -> target coarse C):
+//       out[c] = sum_t W[:, :, t] . x[S*c + tap(t) - pb]
+//   transposed plan (source coarse C -> target fine F):
+//       out[f] = sum over (c, t) with S*c + tap(t) - pb = f of W[:, :, t] . x[c]
+//     equal to conv_transpose3d(x, W.transpose(0, 1), stride=S, padding=pb) on a dense canvas.
+// In both cases out[r] = sum_t W[:, :, t] . x[map[r][t]] over the plan's neighbour map (rows = target
+// voxels), so one execution path serves both. Features are row-major [num_voxels, channels] in the
+// grids' voxel order.
+//
+// Determinism: every output row (forward), input row (input gradient) and weight entry (weight
+// gradient) is a sum in a fixed order, independent of the number of threads: repeated runs are
+// bitwise identical.
+#pragma once
+
+#include <sparsegrid/grid_batch.h>
+#include <sparsegrid/kernel_map.h>
+#include <sparsegrid/types.h>
+
+#include <memory>
+
+namespace sparsegrid {
+
+enum class DType : int8_t { Float32 = 0, Float64 = 1 };
+
+namespace detail {
+struct PlanMaps;
+}
+
+class ConvolutionPlan {
+public:
+    /// Forward plan from `source` to source.conv_grid(K, S) (generated target).
+    static ConvolutionPlan make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride);
+    /// Forward plan from `source` to an existing `target` (same batch size and device).
+    static ConvolutionPlan make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
+                                const Vec3i& stride);
+    /// Transposed plan from `source` to source.conv_transpose_grid(K, S) (generative transposed conv).
+    static ConvolutionPlan make_transposed(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride);
+    /// Transposed plan from `source` to an existing `target`.
+    static ConvolutionPlan make_transposed(const GridBatch& source, const GridBatch& target,
+                                           const Vec3i& kernel_size, const Vec3i& stride);
+
+    /// The plan with source and target swapped and the direction flipped, in O(1): it shares this
+    /// plan's maps (the map it needs is derived from them on first use, without lookups).
+    ConvolutionPlan transposed() const;
+
+    const GridBatch& source_grid() const { return m_source; }
+    const GridBatch& target_grid() const { return m_target; }
+    const Vec3i& kernel_size() const { return m_kernel_size; }
+    const Vec3i& stride() const { return m_stride; }
+    MapDirection direction() const { return m_direction; }
+    int32_t kernel_volume() const { return m_kernel_size[0] * m_kernel_size[1] * m_kernel_size[2]; }
+    /// K = S = 1 between a grid and itself: no map at all, the convolution is a matrix product.
+    bool is_identity() const { return !m_maps; }
+    /// Neighbour map with rows = target voxels (throws for the identity plan, which has none).
+    const KernelMap& target_map() const;
+    /// Neighbour map with rows = source voxels (the transpose of target_map()).
+    const KernelMap& source_map() const;
+
+    /// output[num_target, out_channels] = the convolution of input[num_source, in_channels] with
+    /// weight[out_channels, in_channels, K0, K1, K2]. Buffers on the plan's device; output is overwritten.
+    void forward(const void* input, const void* weight, void* output, int64_t in_channels, int64_t out_channels,
+                 DType dtype) const;
+    /// grad_input[num_source, in_channels] from grad_output[num_target, out_channels] (overwritten).
+    void backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
+                        int64_t out_channels, DType dtype) const;
+    /// grad_weight[out_channels, in_channels, K0, K1, K2] from input and grad_output (overwritten).
+    void backward_weight(const void* input, const void* grad_output, void* grad_weight, int64_t in_channels,
+                         int64_t out_channels, DType dtype) const;
+
+private:
+    ConvolutionPlan() = default;
+
+    GridBatch m_source;
+    GridBatch m_target;
+    Vec3i m_kernel_size{1, 1, 1};
+    Vec3i m_stride{1, 1, 1};
+    MapDirection m_direction = MapDirection::Forward;
+    std::shared_ptr<detail::PlanMaps> m_maps;  ///< null for the identity plan
+    bool m_flipped = false;                    ///< target rows are the shared maps' second slot
+};
+
+}  // namespace sparsegrid

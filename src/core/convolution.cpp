@@ -1,0 +1,175 @@
+// ConvolutionPlan: construction, the shared maps, argument checks and dispatch.
+#include <sparsegrid/convolution.h>
+
+#include "core/backend.h"
+#include "core/checks.h"
+#include "cpu/convolution_cpu.h"
+
+#include <mutex>
+
+namespace sparsegrid {
+
+using detail::throw_error;
+
+namespace detail {
+
+/// The two neighbour maps of a plan and its transpose: slot 0 has rows = the original plan's target,
+/// slot 1 rows = its source. Slot 1 is derived from slot 0 on first use (no lookups).
+struct PlanMaps {
+    KernelMap rows_of_target;
+    mutable KernelMap rows_of_source;
+    mutable std::once_flag source_built;
+
+    const KernelMap& slot(int index) const {
+        if (index == 0) return rows_of_target;
+        std::call_once(source_built, [this] { rows_of_source = rows_of_target.transposed(); });
+        return rows_of_source;
+    }
+};
+
+}  // namespace detail
+
+namespace {
+
+bool is_identity_geometry(const Vec3i& kernel_size, const Vec3i& stride) {
+    return kernel_size == Vec3i{1, 1, 1} && stride == Vec3i{1, 1, 1};
+}
+
+void check_channels(const char* op, int64_t in_channels, int64_t out_channels) {
+    if (in_channels < 1) throw_error(op, ": in_channels must be >= 1, got ", in_channels);
+    if (out_channels < 1) throw_error(op, ": out_channels must be >= 1, got ", out_channels);
+}
+
+void check_pointer(const char* op, const char* name, const void* data, int64_t rows, int64_t columns) {
+    if (data == nullptr && rows > 0 && columns > 0)
+        throw_error(op, ": ", name, " is null but must hold ", rows, " x ", columns, " values");
+}
+
+void require_cpu(const char* op, Device device) {
+    if (!device.is_cpu())
+        throw_error(op, ": convolution execution on ", device.str(),
+                    " is not implemented yet; only the CPU backend executes convolutions in this version");
+}
+
+}  // namespace
+
+ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
+    detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
+    if (is_identity_geometry(kernel_size, stride)) return make(source, source, kernel_size, stride);
+    GridAndMap built = conv_grid_and_map(source, kernel_size, stride);
+    ConvolutionPlan plan;
+    plan.m_source = source;
+    plan.m_target = std::move(built.grid);
+    plan.m_kernel_size = kernel_size;
+    plan.m_stride = stride;
+    plan.m_direction = MapDirection::Forward;
+    plan.m_maps = std::make_shared<detail::PlanMaps>();
+    plan.m_maps->rows_of_target = std::move(built.map);
+    return plan;
+}
+
+ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
+                                      const Vec3i& stride) {
+    detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
+    ConvolutionPlan plan;
+    plan.m_source = source;
+    plan.m_target = target;
+    plan.m_kernel_size = kernel_size;
+    plan.m_stride = stride;
+    plan.m_direction = MapDirection::Forward;
+    // A grid onto itself with K = S = 1 is a plain matrix product: no map.
+    if (is_identity_geometry(kernel_size, stride) && &source.storage() == &target.storage()) return plan;
+    plan.m_maps = std::make_shared<detail::PlanMaps>();
+    plan.m_maps->rows_of_target = neighbour_map(source, target, kernel_size, stride, MapDirection::Forward);
+    return plan;
+}
+
+ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const Vec3i& kernel_size,
+                                                 const Vec3i& stride) {
+    detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
+    if (is_identity_geometry(kernel_size, stride)) return make_transposed(source, source, kernel_size, stride);
+    GridAndMap built = conv_transpose_grid_and_map(source, kernel_size, stride);
+    ConvolutionPlan plan;
+    plan.m_source = source;
+    plan.m_target = std::move(built.grid);
+    plan.m_kernel_size = kernel_size;
+    plan.m_stride = stride;
+    plan.m_direction = MapDirection::Transposed;
+    plan.m_maps = std::make_shared<detail::PlanMaps>();
+    plan.m_maps->rows_of_target = std::move(built.map);
+    return plan;
+}
+
+ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
+                                                 const Vec3i& kernel_size, const Vec3i& stride) {
+    detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
+    ConvolutionPlan plan;
+    plan.m_source = source;
+    plan.m_target = target;
+    plan.m_kernel_size = kernel_size;
+    plan.m_stride = stride;
+    plan.m_direction = MapDirection::Transposed;
+    if (is_identity_geometry(kernel_size, stride) && &source.storage() == &target.storage()) return plan;
+    plan.m_maps = std::make_shared<detail::PlanMaps>();
+    plan.m_maps->rows_of_target = neighbour_map(source, target, kernel_size, stride, MapDirection::Transposed);
+    return plan;
+}
+
+ConvolutionPlan ConvolutionPlan::transposed() const {
+    ConvolutionPlan plan = *this;
+    std::swap(plan.m_source, plan.m_target);
+    plan.m_direction = m_direction == MapDirection::Forward ? MapDirection::Transposed : MapDirection::Forward;
+    plan.m_flipped = !m_flipped;
+    return plan;
+}
+
+const KernelMap& ConvolutionPlan::target_map() const {
+    if (!m_maps) throw_error("ConvolutionPlan::target_map: the identity plan (K = S = 1, same grid) has no map");
+    return m_maps->slot(m_flipped ? 1 : 0);
+}
+
+const KernelMap& ConvolutionPlan::source_map() const {
+    if (!m_maps) throw_error("ConvolutionPlan::source_map: the identity plan (K = S = 1, same grid) has no map");
+    return m_maps->slot(m_flipped ? 0 : 1);
+}
+
+void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
+                              int64_t out_channels, DType dtype) const {
+    constexpr const char* op = "ConvolutionPlan::forward";
+    check_channels(op, in_channels, out_channels);
+    require_cpu(op, m_target.device());
+    check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
+    check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
+    check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
+    const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
+    detail::cpu::map_convolution(map, m_target.num_voxels(), m_maps ? kernel_volume() : 1, input, weight, false,
+                                 output, in_channels, out_channels, dtype);
+}
+
+void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
+                                     int64_t in_channels, int64_t out_channels, DType dtype) const {
+    constexpr const char* op = "ConvolutionPlan::backward_input";
+    check_channels(op, in_channels, out_channels);
+    require_cpu(op, m_target.device());
+    check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
+    check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
+    check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
+    const int32_t* map = m_maps ? source_map().neighbour_map().data() : nullptr;
+    detail::cpu::map_convolution(map, m_source.num_voxels(), m_maps ? kernel_volume() : 1, grad_output, weight,
+                                 true, grad_input, out_channels, in_channels, dtype);
+}
+
+void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
+                                      int64_t in_channels, int64_t out_channels, DType dtype) const {
+    constexpr const char* op = "ConvolutionPlan::backward_weight";
+    check_channels(op, in_channels, out_channels);
+    require_cpu(op, m_target.device());
+    check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
+    check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
+    check_pointer(op, "grad_weight", grad_weight, out_channels, in_channels * kernel_volume());
+    const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
+    detail::cpu::map_weight_gradient(map, m_target.num_voxels(), m_maps ? kernel_volume() : 1, input, grad_output,
+                                     grad_weight, in_channels, out_channels, dtype);
+}
+
+}  // namespace sparsegrid
