@@ -1,0 +1,184 @@
+"""The PyTorch layer against dense oracles: features scattered into a dense canvas per member,
+torch conv3d / conv_transpose3d, read back at the target voxels (float64)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import sparsegrid as sg
+
+CASES = [
+    ((3, 3, 3), (1, 1, 1)),
+    ((2, 2, 2), (2, 2, 2)),
+    ((3, 3, 3), (2, 2, 2)),
+    ((1, 1, 1), (1, 1, 1)),
+    ((3, 2, 5), (1, 2, 3)),
+    ((4, 1, 2), (2, 1, 1)),
+    ((5, 5, 5), (3, 3, 3)),
+]
+
+
+def random_members(seed, batch_size, empty=(1,)):
+    g = torch.Generator().manual_seed(seed)
+    members = []
+    for m in range(batch_size):
+        if m in empty:
+            members.append(torch.zeros((0, 3), dtype=torch.int32))
+            continue
+        centre = torch.randint(-20, 20, (3,), generator=g)
+        points = centre + torch.randint(-4, 5, (int(torch.randint(5, 60, (1,), generator=g)), 3), generator=g)
+        members.append(points.to(torch.int32))
+    return members
+
+
+def member_rows(grid):
+    offsets = grid.joffsets.tolist()
+    return [range(offsets[m], offsets[m + 1]) for m in range(grid.batch_size)]
+
+
+def dense_forward(plan, x, w):
+    """conv3d on a canvas per member (forward plan, generated target)."""
+    k, s = plan_geometry(plan)
+    pb = [(ka - 1) // 2 for ka in k]
+    src, dst = plan.source_grid, plan.target_grid
+    out = torch.zeros(dst.num_voxels, w.shape[0], dtype=torch.float64)
+    for rows_s, rows_t in zip(member_rows(src), member_rows(dst)):
+        if len(rows_s) == 0:
+            continue
+        fine = src.ijk[rows_s.start:rows_s.stop].long()
+        lo = [math.floor((int(fine[:, a].min()) - k[a]) / s[a]) * s[a] for a in range(3)]
+        size = [int(fine[:, a].max()) - lo[a] + k[a] + s[a] + 1 for a in range(3)]
+        canvas = torch.zeros(1, x.shape[1], *size, dtype=torch.float64)
+        f = fine - torch.tensor(lo)
+        canvas[0, :, f[:, 0], f[:, 1], f[:, 2]] = x[rows_s.start:rows_s.stop].T
+        dense = F.conv3d(canvas, w, stride=s, padding=pb)
+        c = dst.ijk[rows_t.start:rows_t.stop].long() - torch.tensor([lo[a] // s[a] for a in range(3)])
+        out[rows_t.start:rows_t.stop] = dense[0, :, c[:, 0], c[:, 1], c[:, 2]].T
+    return out
+
+
+def dense_transposed(plan, x, w):
+    """conv_transpose3d(x, W.transpose(0, 1), stride=S, padding=pb) on a canvas per member."""
+    k, s = plan_geometry(plan)
+    pb = [(ka - 1) // 2 for ka in k]
+    src, dst = plan.source_grid, plan.target_grid
+    out = torch.zeros(dst.num_voxels, w.shape[0], dtype=torch.float64)
+    for rows_s, rows_t in zip(member_rows(src), member_rows(dst)):
+        if len(rows_s) == 0:
+            continue
+        coarse = src.ijk[rows_s.start:rows_s.stop].long()
+        lo = [int(coarse[:, a].min()) - (pb[a] + s[a] - 1) // s[a] - 1 for a in range(3)]
+        size = [int(coarse[:, a].max()) - lo[a] + (pb[a] + s[a] - 1) // s[a] + 2 for a in range(3)]
+        canvas = torch.zeros(1, x.shape[1], *size, dtype=torch.float64)
+        c = coarse - torch.tensor(lo)
+        canvas[0, :, c[:, 0], c[:, 1], c[:, 2]] = x[rows_s.start:rows_s.stop].T
+        dense = F.conv_transpose3d(canvas, w.transpose(0, 1), stride=s, padding=pb)
+        f = dst.ijk[rows_t.start:rows_t.stop].long() - torch.tensor([s[a] * lo[a] for a in range(3)])
+        out[rows_t.start:rows_t.stop] = dense[0, :, f[:, 0], f[:, 1], f[:, 2]].T
+    return out
+
+
+_geometry = {}
+
+
+def plan_geometry(plan):
+    return _geometry[id(plan)]
+
+
+def make_plan(grid, k, s, transposed):
+    plan = (sg.ConvolutionPlan.from_grid_transposed if transposed else sg.ConvolutionPlan.from_grid)(grid, k, s)
+    _geometry[id(plan)] = (list(k), list(s))
+    return plan
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("k,s", CASES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_values_and_gradients_match_dense_oracle(seed, k, s, transposed):
+    grid = sg.GridBatch.from_ijk(random_members(seed, 3))
+    plan = make_plan(grid, k, s, transposed)
+    g = torch.Generator().manual_seed(seed + 100)
+    cin, cout = 3, 2
+    x = torch.randn(grid.num_voxels, cin, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(cout, cin, *k, dtype=torch.float64, generator=g, requires_grad=True)
+    y = plan.execute(x, w)
+    oracle = dense_transposed if transposed else dense_forward
+    x_ref = x.detach().clone().requires_grad_(True)
+    w_ref = w.detach().clone().requires_grad_(True)
+    y_ref = oracle(plan, x_ref, w_ref)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    y.backward(grad)
+    y_ref.backward(grad)
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(w.grad, w_ref.grad, rtol=1e-11, atol=1e-11)
+
+
+def test_gradcheck():
+    grid = sg.GridBatch.from_ijk(random_members(7, 2, empty=()))
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 2)
+    x = torch.randn(grid.num_voxels, 2, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 2, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: plan.execute(a, b), (x, w))
+
+
+def test_all_ones_weights_give_degrees():
+    grid = sg.GridBatch.from_ijk([torch.tensor([[i, 0, 0] for i in range(16)])])
+    plan = sg.ConvolutionPlan.from_grid(grid, (4, 1, 1), (4, 1, 1))
+    y = plan.execute(torch.ones(16, 1), torch.ones(1, 1, 4, 1, 1))
+    assert y.flatten().tolist() == [3, 4, 4, 4, 1]
+
+
+def test_repeated_runs_are_bitwise_identical():
+    grid = sg.GridBatch.from_ijk(random_members(3, 4))
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1)
+    x = torch.randn(grid.num_voxels, 16)
+    w = torch.randn(8, 16, 3, 3, 3)
+    first = plan.execute(x, w)
+    assert torch.equal(first, plan.execute(x, w))
+
+
+def test_transposed_plan_shares_the_grids():
+    grid = sg.GridBatch.from_ijk(random_members(4, 3))
+    plan = sg.ConvolutionPlan.from_grid(grid, 2, 2)
+    flipped = plan.transposed()
+    assert torch.equal(flipped.source_grid.ijk, plan.target_grid.ijk)
+    assert torch.equal(flipped.target_grid.ijk, grid.ijk)
+
+
+def test_topology_matches_brute_force():
+    members = random_members(5, 3)
+    grid = sg.GridBatch.from_ijk(members)
+    coarse = grid.conv_grid(3, 2)
+    for m, rows in enumerate(member_rows(coarse)):
+        fine = {tuple(v) for v in members[m].tolist()}
+        expected = {
+            tuple(c)
+            for f in fine
+            for tap in itertools.product(range(3), repeat=3)
+            for c in [[(f[a] - tap[a] + 1) // 2 for a in range(3)]]
+            if all((f[a] - tap[a] + 1) % 2 == 0 for a in range(3))
+        }
+        assert {tuple(v) for v in coarse.ijk[rows.start:rows.stop].tolist()} == expected
+    assert coarse.voxel_sizes.tolist() == [[2.0, 2.0, 2.0]] * 3
+
+
+def test_bad_inputs_raise_clear_errors():
+    grid = sg.GridBatch.from_ijk(random_members(6, 2, empty=()))
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1)
+    x = torch.randn(grid.num_voxels, 4)
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        plan.execute(x, torch.randn(2, 3, 3, 3, 3))
+    with pytest.raises(RuntimeError, match="rows"):
+        plan.execute(torch.randn(grid.num_voxels + 1, 4), torch.randn(2, 4, 3, 3, 3))
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        plan.execute(x.to(torch.int64), torch.randn(2, 4, 3, 3, 3).to(torch.int64))
+    with pytest.raises(RuntimeError, match="dtype of input"):
+        plan.execute(x, torch.randn(2, 4, 3, 3, 3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="stride"):
+        grid.conv_grid(3, 0)
+    with pytest.raises(RuntimeError, match="mask"):
+        grid.pruned_grid(torch.ones(grid.num_voxels + 2))
