@@ -10,7 +10,7 @@ import pathlib
 
 import torch
 
-__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "library_path"]
+__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "library_path", "nn"]
 
 
 def _candidate_libraries():
@@ -204,6 +204,10 @@ class ConvolutionPlan:
     def is_identity(self):
         return self._handle.is_identity()
 
+    def target_map(self):
+        """Neighbour map [num_target, kernel_volume] int32, -1 where there is no edge."""
+        return self._handle.target_map()
+
     def execute(self, features, weight):
         """features [N_source, Cin], weight [Cout, Cin, K0, K1, K2] -> [N_target, Cout], differentiable."""
         return _SparseConv.apply(features, weight, self._handle)
@@ -231,3 +235,6 @@ class _SparseConv(torch.autograd.Function):
 def sparse_conv(features, weight, plan):
     """Functional form of ConvolutionPlan.execute."""
     return plan.execute(features, weight)
+
+
+from . import nn  # noqa: E402  (the modules need the classes above)

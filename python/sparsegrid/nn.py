@@ -1,0 +1,189 @@
+"""Neural-network modules over sparse grids.
+
+Layers take and return a SparseFeatures (a GridBatch with its features [num_voxels, channels] in voxel
+order), so they compose in torch.nn.Sequential. Convolution plans are cached on the GridBatch object
+for each (kernel size, stride, direction), so layers that share a grid within a step share its plans.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+from . import ConvolutionPlan
+
+__all__ = [
+    "SparseFeatures",
+    "SparseConv3d",
+    "SparseConvTranspose3d",
+    "Prune",
+    "SparseMaxPool3d",
+    "SparseAvgPool3d",
+    "GlobalPool",
+    "Features",
+]
+
+
+class SparseFeatures:
+    """A grid and its features: features[i] belongs to voxel i of grid."""
+
+    def __init__(self, grid, features):
+        if features.dim() != 2 or features.shape[0] != grid.num_voxels:
+            raise ValueError(
+                f"SparseFeatures: features must have shape [{grid.num_voxels}, C], got {tuple(features.shape)}"
+            )
+        self.grid = grid
+        self.features = features
+
+    def replace(self, features):
+        return SparseFeatures(self.grid, features)
+
+    def __repr__(self):
+        return f"SparseFeatures({self.grid!r}, channels={self.features.shape[1]})"
+
+
+def _triple(value):
+    return [value] * 3 if isinstance(value, int) else [int(v) for v in value]
+
+
+def _plan(grid, kernel_size, stride, transposed, target=None):
+    """The plan of (grid, K, S, direction) to its generated target, built once per grid object."""
+    if target is not None:
+        make = ConvolutionPlan.from_grid_transposed if transposed else ConvolutionPlan.from_grid
+        return make(grid, kernel_size, stride, target)
+    cache = grid.__dict__.setdefault("_plans", {})
+    key = (tuple(kernel_size), tuple(stride), transposed)
+    if key not in cache:
+        make = ConvolutionPlan.from_grid_transposed if transposed else ConvolutionPlan.from_grid
+        cache[key] = make(grid, kernel_size, stride)
+    return cache[key]
+
+
+class _SparseConvBase(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, bias, transposed):
+        super().__init__()
+        self.in_channels = in_channels
+        self.out_channels = out_channels
+        self.kernel_size = _triple(kernel_size)
+        self.stride = _triple(stride)
+        self.transposed = transposed
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size))
+        self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # The initialisation of torch.nn.Conv3d: kaiming-uniform weights, bias from the fan-in.
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in = self.in_channels * math.prod(self.kernel_size)
+            bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
+            nn.init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, x, target=None):
+        if x.features.shape[1] != self.in_channels:
+            raise ValueError(
+                f"{type(self).__name__}: expected {self.in_channels} input channels, got {x.features.shape[1]}"
+            )
+        plan = _plan(x.grid, self.kernel_size, self.stride, self.transposed, target)
+        out = plan.execute(x.features, self.weight.to(x.features.dtype))
+        if self.bias is not None:
+            out = out + self.bias.to(out.dtype)
+        return SparseFeatures(plan.target_grid if target is None else target, out)
+
+    def extra_repr(self):
+        return (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class SparseConv3d(_SparseConvBase):
+    """Sparse (strided) convolution; without a target the output grid is grid.conv_grid(K, S)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True):
+        super().__init__(in_channels, out_channels, kernel_size, stride, bias, transposed=False)
+
+
+class SparseConvTranspose3d(_SparseConvBase):
+    """Transposed convolution; without a target it is generative: grid.conv_transpose_grid(K, S)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True):
+        super().__init__(in_channels, out_channels, kernel_size, stride, bias, transposed=True)
+
+
+class Prune(nn.Module):
+    """Keeps the voxels where mask is true and their feature rows (differentiable through the kept rows)."""
+
+    def forward(self, x, mask):
+        mask = torch.as_tensor(mask).reshape(-1).to(torch.bool)
+        if mask.numel() != x.grid.num_voxels:
+            raise ValueError(f"Prune: mask must have {x.grid.num_voxels} entries, got {mask.numel()}")
+        return SparseFeatures(x.grid.pruned_grid(mask), x.features[mask])
+
+
+class _SparsePool(nn.Module):
+    def __init__(self, kernel_size, stride=None):
+        super().__init__()
+        self.kernel_size = _triple(kernel_size)
+        self.stride = _triple(stride if stride is not None else kernel_size)
+
+
+class SparseMaxPool3d(_SparsePool):
+    """Max over each output voxel's existing inputs (output grid: grid.conv_grid(K, S))."""
+
+    def forward(self, x):
+        plan = _plan(x.grid, self.kernel_size, self.stride, False)
+        if plan.is_identity:
+            return x
+        neighbours = plan.target_map().long()
+        present = neighbours >= 0
+        gathered = x.features[neighbours.clamp(min=0)]  # [N_out, V, C]
+        gathered = gathered.masked_fill(~present.unsqueeze(-1), float("-inf"))
+        return SparseFeatures(plan.target_grid, gathered.max(dim=1).values)
+
+
+class SparseAvgPool3d(_SparsePool):
+    """Mean over each output voxel's existing inputs (output grid: grid.conv_grid(K, S))."""
+
+    def forward(self, x):
+        plan = _plan(x.grid, self.kernel_size, self.stride, False)
+        if plan.is_identity:
+            return x
+        neighbours = plan.target_map().long()
+        present = (neighbours >= 0).unsqueeze(-1).to(x.features.dtype)
+        total = (x.features[neighbours.clamp(min=0)] * present).sum(dim=1)
+        return SparseFeatures(plan.target_grid, total / present.sum(dim=1).clamp(min=1))
+
+
+class GlobalPool(nn.Module):
+    """Per-member pooling of all voxels' features: [batch_size, C] ("mean" or "max"; empty members give 0)."""
+
+    def __init__(self, mode="mean"):
+        super().__init__()
+        if mode not in ("mean", "max"):
+            raise ValueError(f"GlobalPool: mode must be 'mean' or 'max', got {mode!r}")
+        self.mode = mode
+
+    def forward(self, x):
+        offsets = x.grid.joffsets
+        counts = offsets[1:] - offsets[:-1]
+        member = torch.repeat_interleave(torch.arange(x.grid.batch_size), counts)
+        channels = x.features.shape[1]
+        if self.mode == "mean":
+            total = torch.zeros(x.grid.batch_size, channels, dtype=x.features.dtype)
+            total = total.index_add(0, member, x.features)
+            return total / counts.clamp(min=1).unsqueeze(1).to(x.features.dtype)
+        out = torch.full((x.grid.batch_size, channels), float("-inf"), dtype=x.features.dtype)
+        out = out.scatter_reduce(0, member.unsqueeze(1).expand(-1, channels), x.features, reduce="amax")
+        return out.masked_fill(counts.unsqueeze(1) == 0, 0.0)
+
+
+class Features(nn.Module):
+    """Applies a dense module (activation, normalisation, linear) to the features, keeping the grid."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return x.replace(self.module(x.features))
