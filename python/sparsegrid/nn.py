@@ -46,16 +46,16 @@ def _triple(value):
     return [value] * 3 if isinstance(value, int) else [int(v) for v in value]
 
 
-def _plan(grid, kernel_size, stride, transposed, target=None):
-    """The plan of (grid, K, S, direction) to its generated target, built once per grid object."""
+def _plan(grid, kernel_size, stride, transposed, target=None, same_grid=False):
+    """The plan of (grid, K, S, direction) to its generated target (or to grid itself when same_grid),
+    built once per grid object. Plans to other given targets are not cached."""
+    make = ConvolutionPlan.from_grid_transposed if transposed else ConvolutionPlan.from_grid
     if target is not None:
-        make = ConvolutionPlan.from_grid_transposed if transposed else ConvolutionPlan.from_grid
         return make(grid, kernel_size, stride, target)
     cache = grid.__dict__.setdefault("_plans", {})
-    key = (tuple(kernel_size), tuple(stride), transposed)
+    key = (tuple(kernel_size), tuple(stride), transposed, same_grid)
     if key not in cache:
-        make = ConvolutionPlan.from_grid_transposed if transposed else ConvolutionPlan.from_grid
-        cache[key] = make(grid, kernel_size, stride)
+        cache[key] = make(grid, kernel_size, stride, grid if same_grid else None)
     return cache[key]
 
 
@@ -84,11 +84,15 @@ class _SparseConvBase(nn.Module):
             raise ValueError(
                 f"{type(self).__name__}: expected {self.in_channels} input channels, got {x.features.shape[1]}"
             )
-        plan = _plan(x.grid, self.kernel_size, self.stride, self.transposed, target)
+        # Stride 1 keeps the grid (submanifold convolution), the usual choice inside a level; strided
+        # and transposed convolutions generate their output grid unless a target is given.
+        same_grid = target is None and self.stride == [1, 1, 1]
+        plan = _plan(x.grid, self.kernel_size, self.stride, self.transposed, target, same_grid)
         out = plan.execute(x.features, self.weight.to(x.features.dtype))
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
-        return SparseFeatures(plan.target_grid if target is None else target, out)
+        output_grid = target if target is not None else (x.grid if same_grid else plan.target_grid)
+        return SparseFeatures(output_grid, out)
 
     def extra_repr(self):
         return (
@@ -98,14 +102,16 @@ class _SparseConvBase(nn.Module):
 
 
 class SparseConv3d(_SparseConvBase):
-    """Sparse (strided) convolution; without a target the output grid is grid.conv_grid(K, S)."""
+    """Sparse convolution. Output grid: the given target, else the input grid for stride 1
+    (submanifold), else grid.conv_grid(K, S)."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True):
         super().__init__(in_channels, out_channels, kernel_size, stride, bias, transposed=False)
 
 
 class SparseConvTranspose3d(_SparseConvBase):
-    """Transposed convolution; without a target it is generative: grid.conv_transpose_grid(K, S)."""
+    """Transposed convolution. Output grid: the given target, else the input grid for stride 1, else
+    grid.conv_transpose_grid(K, S) (generative)."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, bias=True):
         super().__init__(in_channels, out_channels, kernel_size, stride, bias, transposed=True)

@@ -37,6 +37,14 @@ def test_encoder_decoder_round_trip_shapes_and_gradients():
         assert p.grad is not None and torch.isfinite(p.grad).all()
 
 
+def test_stride_one_keeps_the_grid():
+    x = make_input(8)
+    y = snn.SparseConv3d(4, 4, 3).double()(x)
+    assert y.grid is x.grid
+    y = snn.SparseConvTranspose3d(4, 4, 3).double()(x)
+    assert y.grid is x.grid
+
+
 def test_generated_grids_follow_conv_semantics():
     x = make_input(1)
     conv = snn.SparseConv3d(4, 2, 3, stride=2).double()
