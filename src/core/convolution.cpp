@@ -31,10 +31,6 @@ struct PlanMaps {
 
 namespace {
 
-bool is_identity_geometry(const Vec3i& kernel_size, const Vec3i& stride) {
-    return kernel_size == Vec3i{1, 1, 1} && stride == Vec3i{1, 1, 1};
-}
-
 void check_channels(const char* op, int64_t in_channels, int64_t out_channels) {
     if (in_channels < 1) throw_error(op, ": in_channels must be >= 1, got ", in_channels);
     if (out_channels < 1) throw_error(op, ": out_channels must be >= 1, got ", out_channels);
@@ -54,8 +50,8 @@ void require_cpu(const char* op, Device device) {
 }  // namespace
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
-    detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
-    if (is_identity_geometry(kernel_size, stride)) return make(source, source, kernel_size, stride);
+    if (detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride).is_uniform(1, 1))
+        return make(source, source, kernel_size, stride);
     GridAndMap built = conv_grid_and_map(source, kernel_size, stride);
     ConvolutionPlan plan;
     plan.m_source = source;
@@ -70,7 +66,7 @@ ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kern
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
                                       const Vec3i& stride) {
-    detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
+    const detail::ConvGeometry geometry = detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
     ConvolutionPlan plan;
     plan.m_source = source;
     plan.m_target = target;
@@ -78,7 +74,7 @@ ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& 
     plan.m_stride = stride;
     plan.m_direction = MapDirection::Forward;
     // A grid onto itself with K = S = 1 is a plain matrix product: no map.
-    if (is_identity_geometry(kernel_size, stride) && &source.storage() == &target.storage()) return plan;
+    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage()) return plan;
     plan.m_maps = std::make_shared<detail::PlanMaps>();
     plan.m_maps->rows_of_target = neighbour_map(source, target, kernel_size, stride, MapDirection::Forward);
     return plan;
@@ -86,8 +82,8 @@ ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& 
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const Vec3i& kernel_size,
                                                  const Vec3i& stride) {
-    detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
-    if (is_identity_geometry(kernel_size, stride)) return make_transposed(source, source, kernel_size, stride);
+    if (detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride).is_uniform(1, 1))
+        return make_transposed(source, source, kernel_size, stride);
     GridAndMap built = conv_transpose_grid_and_map(source, kernel_size, stride);
     ConvolutionPlan plan;
     plan.m_source = source;
@@ -102,14 +98,15 @@ ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const 
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
                                                  const Vec3i& kernel_size, const Vec3i& stride) {
-    detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
+    const detail::ConvGeometry geometry =
+        detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
     ConvolutionPlan plan;
     plan.m_source = source;
     plan.m_target = target;
     plan.m_kernel_size = kernel_size;
     plan.m_stride = stride;
     plan.m_direction = MapDirection::Transposed;
-    if (is_identity_geometry(kernel_size, stride) && &source.storage() == &target.storage()) return plan;
+    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage()) return plan;
     plan.m_maps = std::make_shared<detail::PlanMaps>();
     plan.m_maps->rows_of_target = neighbour_map(source, target, kernel_size, stride, MapDirection::Transposed);
     return plan;

@@ -68,12 +68,6 @@ void check_mask(const char* op, Span<const uint8_t> mask, int64_t num_voxels) {
     if (mask.size > 0 && mask.data == nullptr) throw_error(op, ": mask data is null for ", mask.size, " entries");
 }
 
-bool is_identity(const detail::ConvGeometry& g) {
-    for (int a = 0; a < 3; ++a)
-        if (g.kernel[a] != 1 || g.stride[a] != 1) return false;
-    return true;
-}
-
 }  // namespace
 
 GridBatch::GridBatch() {
@@ -218,7 +212,7 @@ std::vector<int64_t> GridBatch::ijk_to_index(const std::vector<std::vector<Vec3i
 GridBatch GridBatch::conv_grid(const Vec3i& kernel_size, const Vec3i& stride) const {
     constexpr const char* op = "conv_grid";
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (is_identity(g)) return *this;
+    if (g.is_uniform(1, 1)) return *this;
     const CoordBox out_box = detail::conv_grid_box(op, coordinate_box(), g);
     const Context& ctx = context();
     GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, conv_grid(*m_storage, g, out_box));
@@ -232,7 +226,7 @@ GridBatch GridBatch::conv_grid(int32_t kernel_size, int32_t stride) const {
 GridBatch GridBatch::conv_transpose_grid(const Vec3i& kernel_size, const Vec3i& stride) const {
     constexpr const char* op = "conv_transpose_grid";
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (is_identity(g)) return *this;
+    if (g.is_uniform(1, 1)) return *this;
     const CoordBox out_box = detail::conv_transpose_grid_box(op, coordinate_box(), g);
     const Context& ctx = context();
     GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, conv_transpose_grid(*m_storage, g, out_box));

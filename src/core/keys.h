@@ -115,6 +115,13 @@ SG_HD DecodedKey decode_key<Key128>(const KeyCodec& codec, Key128 key) {
     return out;
 }
 
+/// Calls fn(KeyT{}) with the narrowest key type of the codec (host code: both branches are compiled).
+template <typename Fn>
+auto with_key_type(const KeyCodec& codec, Fn&& fn) {
+    if (codec.fits_64()) return fn(uint64_t{});
+    return fn(Key128{});
+}
+
 /// Slot of a 64-bit key in an open-addressing table of capacity mask + 1 (a power of two): the fmix64
 /// finaliser of MurmurHash3 spreads Morton codes, whose low bits vary little, over the table.
 SG_HD uint64_t hash_slot(uint64_t key, uint64_t mask) {

@@ -21,6 +21,10 @@ struct ConvGeometry {
     int32_t pad[3];
 
     SG_HD int32_t kernel_volume() const { return kernel[0] * kernel[1] * kernel[2]; }
+    /// Kernel size K and stride S on every axis.
+    SG_HD bool is_uniform(int32_t k, int32_t s) const {
+        return kernel[0] == k && kernel[1] == k && kernel[2] == k && stride[0] == s && stride[1] == s && stride[2] == s;
+    }
     /// Per-axis taps of linear tap index t = t0*K1*K2 + t1*K2 + t2.
     SG_HD void tap_of(int32_t t, int32_t tap[3]) const {
         tap[2] = t % kernel[2];

@@ -53,11 +53,5 @@ std::vector<int64_t> exclusive_scan_flags(const uint8_t* flags, int64_t count);
 void sort_keys(std::vector<uint64_t>& keys, int32_t bits);
 void sort_keys(std::vector<Key128>& keys, int32_t bits);
 
-/// Calls fn(KeyT{}) with the narrowest key type of the codec.
-template <typename Fn>
-auto with_key_type(const KeyCodec& codec, Fn&& fn) {
-    if (codec.fits_64()) return fn(uint64_t{});
-    return fn(Key128{});
-}
 
 }  // namespace sparsegrid::detail::cpu

@@ -226,12 +226,6 @@ GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor) {
     return finish_topology(std::move(ijk), std::move(offsets), grid.context);
 }
 
-bool all_axes_equal(const ConvGeometry& g, int32_t kernel, int32_t stride) {
-    for (int a = 0; a < 3; ++a)
-        if (g.kernel[a] != kernel || g.stride[a] != stride) return false;
-    return true;
-}
-
 /// Pushes the keys of every coordinate of the box [lo, hi] of one member. Spreading each axis value
 /// once and OR-ing the parts costs 3 spreads per axis value instead of 3 per box voxel.
 template <typename KeyT, typename Push>
@@ -313,7 +307,7 @@ Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& off
 
 GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     // K = S = 2 on every axis: pb = 0 and each fine voxel has exactly one parent, floor(f / 2).
-    if (all_axes_equal(g, 2, 2)) return coarsen_sorted(grid, 1);
+    if (g.is_uniform(2, 2)) return coarsen_sorted(grid, 1);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     int64_t per_voxel = 1;
     for (int a = 0; a < 3; ++a) per_voxel *= (g.kernel[a] + g.stride[a] - 1) / g.stride[a];
@@ -331,7 +325,7 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
 
 GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     // K = S = 2 on every axis: pb = 0, the output is the subdivision by 2.
-    if (all_axes_equal(g, 2, 2)) return subdivide_sorted(grid, 1);
+    if (g.is_uniform(2, 2)) return subdivide_sorted(grid, 1);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int32_t volume = g.kernel_volume();
     checked_mul("conv_transpose_grid", "candidate count", grid.num_voxels(), volume);

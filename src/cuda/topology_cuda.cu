@@ -410,12 +410,6 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     return topology;
 }
 
-/// Runs fn(KeyT{}) with the narrowest key type of the codec.
-template <typename Fn>
-auto with_key_type(const KeyCodec& codec, Fn&& fn) {
-    if (codec.fits_64()) return fn(uint64_t{});
-    return fn(Key128{});
-}
 
 /// Reads a bitmap over the key space out in key order: per-chunk popcounts, one scan, offsets of the
 /// member boundaries, one sync, then every set bit decoded at its rank. `box` must be exact.
@@ -484,12 +478,6 @@ GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64
         if (slots > 0) launch(key_tag, SlotSink<KeyT>{keys.data()});
         return canonical_topology(keys, codec, grid.batch_size(), box, box_exact, ctx);
     });
-}
-
-bool all_axes_equal(const ConvGeometry& g, int32_t kernel, int32_t stride) {
-    for (int a = 0; a < 3; ++a)
-        if (g.kernel[a] != kernel || g.stride[a] != stride) return false;
-    return true;
 }
 
 /// Subdivision by 2^p: the output size is known, so nothing waits.
@@ -687,7 +675,7 @@ Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& off
 
 GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     DeviceGuard guard(grid.context);
-    if (all_axes_equal(g, 2, 2)) return coarsen_sorted(grid, 1, out_box);
+    if (g.is_uniform(2, 2)) return coarsen_sorted(grid, 1, out_box);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     int32_t per_voxel = 1;
     for (int a = 0; a < 3; ++a) per_voxel *= (g.kernel[a] + g.stride[a] - 1) / g.stride[a];
@@ -706,7 +694,7 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
 
 GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     DeviceGuard guard(grid.context);
-    if (all_axes_equal(g, 2, 2)) return subdivide_sorted(grid, 1, out_box);
+    if (g.is_uniform(2, 2)) return subdivide_sorted(grid, 1, out_box);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t n = grid.num_voxels();
     const int64_t slots = checked_mul("conv_transpose_grid", "candidate count", n, g.kernel_volume());
