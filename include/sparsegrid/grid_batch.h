@@ -73,6 +73,15 @@ public:
     static GridBatch from_points(const std::vector<std::vector<Vec3d>>& members,
                                  const std::vector<MemberTransform>& transforms, const Context& ctx = {});
 
+    /// From triangle meshes: every voxel whose closed cube meets a triangle (exact separating-axis test,
+    /// so thin features are never missed; degenerate triangles voxelise as segments or points).
+    /// `vertices` holds world points (x, y, z), member m's in [vertex_offsets[m], vertex_offsets[m+1]);
+    /// `faces` holds vertex index triples local to their member, member m's in
+    /// [face_offsets[m], face_offsets[m+1]). One transform per member. CPU only in this version.
+    static GridBatch from_mesh(Span<const double> vertices, const std::vector<int64_t>& vertex_offsets,
+                               Span<const int32_t> faces, const std::vector<int64_t>& face_offsets,
+                               const std::vector<MemberTransform>& transforms, const Context& ctx = {});
+
     // ---------------------------------------------------------------------------------------------
     // Accessors (host-side metadata never syncs)
     // ---------------------------------------------------------------------------------------------

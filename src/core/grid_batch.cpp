@@ -3,6 +3,7 @@
 
 #include "core/backend.h"
 #include "core/checks.h"
+#include "cpu/mesh_cpu.h"
 
 #include <cmath>
 
@@ -129,6 +130,38 @@ GridBatch GridBatch::from_points(const std::vector<std::vector<Vec3d>>& members,
     }
     Buffer<double> on_device = Buffer<double>::from_host(flat, ctx);
     return from_points(Span<const double>(on_device.data(), on_device.size()), offsets, transforms, ctx);
+}
+
+GridBatch GridBatch::from_mesh(Span<const double> vertices, const std::vector<int64_t>& vertex_offsets,
+                               Span<const int32_t> faces, const std::vector<int64_t>& face_offsets,
+                               const std::vector<MemberTransform>& transforms, const Context& ctx) {
+    constexpr const char* op = "GridBatch::from_mesh";
+    if (!ctx.device.is_cpu())
+        throw_error(op, ": device ", ctx.device.str(), " is not supported yet; mesh voxelisation runs on the CPU");
+    if (vertices.size % 3 != 0) throw_error(op, ": vertices must hold (x, y, z) triples, got ", vertices.size, " values");
+    if (faces.size % 3 != 0) throw_error(op, ": faces must hold vertex index triples, got ", faces.size, " values");
+    if ((vertices.size > 0 && !vertices.data) || (faces.size > 0 && !faces.data))
+        throw_error(op, ": vertices or faces data is null");
+    detail::check_offsets(op, "vertex_offsets", vertex_offsets, vertices.size / 3);
+    detail::check_offsets(op, "face_offsets", face_offsets, faces.size / 3);
+    if (vertex_offsets.size() != face_offsets.size())
+        throw_error(op, ": vertex_offsets and face_offsets must describe the same number of members, got ",
+                    vertex_offsets.size() - 1, " and ", face_offsets.size() - 1);
+    const int64_t batch_size = static_cast<int64_t>(face_offsets.size()) - 1;
+    std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, false);
+    for (int64_t m = 0; m < batch_size; ++m) {
+        const int64_t member_vertices = vertex_offsets[m + 1] - vertex_offsets[m];
+        for (int64_t f = face_offsets[m]; f < face_offsets[m + 1]; ++f)
+            for (int v = 0; v < 3; ++v) {
+                const int32_t index = faces.data[3 * f + v];
+                if (index < 0 || index >= member_vertices)
+                    throw_error(op, ": face ", f - face_offsets[m], " of member ", m, " refers to vertex ", index,
+                                "; member ", m, " has ", member_vertices, " vertices (indices are member-local)");
+            }
+    }
+    GridTopology topology =
+        detail::cpu::from_mesh(vertices.data, vertex_offsets, faces.data, face_offsets, resolved, ctx);
+    return GridBatch(make_storage(std::move(topology), std::move(resolved), ctx));
 }
 
 // ---- accessors ------------------------------------------------------------------------------------
