@@ -10,7 +10,7 @@ import pathlib
 
 import torch
 
-__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "library_path", "nn"]
+__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "library_path", "nn"]
 
 
 def _candidate_libraries():
@@ -230,6 +230,13 @@ class _SparseConv(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = ctx.plan.backward_weight(features, grad_output)
         return grad_features, grad_weight, None
+
+
+def synthetic_shapes(batch_size, resolution, seed=0):
+    """Surface voxels of procedural closed shapes (ellipsoids, tori, boxes, capsules) in [0, resolution)^3,
+    deterministic by seed: a list of int32 tensors [N_m, 3], one per shape."""
+    ijk, offsets = torch.ops.sparsegrid.synthetic_surface_batch(int(batch_size), int(resolution), int(seed))
+    return [ijk[offsets[m]:offsets[m + 1]] for m in range(int(batch_size))]
 
 
 def sparse_conv(features, weight, plan):

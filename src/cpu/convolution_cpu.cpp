@@ -2,6 +2,7 @@
 
 #include "cpu/parallel.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace sparsegrid::detail::cpu {
@@ -55,21 +56,32 @@ void map_convolution_typed(const int32_t* map, int64_t rows, int32_t volume, con
 template <typename T>
 void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume, const T* x, const T* grad,
                                T* grad_weight, int64_t in_channels, int64_t out_channels) {
-    // One task per (tap, output channel): its Cin sums run over the rows in increasing order.
-    const int64_t tasks = int64_t{volume} * out_channels;
-#pragma omp parallel for schedule(dynamic, 1) if (tasks > 1 && rows * in_channels >= kSerialThreshold)
+    // One task per (tap, block of output channels): a single pass over the rows in increasing order
+    // accumulates the block's [channels, in_channels] outer products, so every sum has a fixed order.
+    const int threads = threads_for(rows * volume);
+    const int64_t blocks_per_tap = std::max<int64_t>(1, std::min<int64_t>(out_channels, (2 * threads + volume - 1) / volume));
+    const int64_t block = (out_channels + blocks_per_tap - 1) / blocks_per_tap;
+    const int64_t tasks = int64_t{volume} * blocks_per_tap;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; ++task) {
-        const int32_t t = static_cast<int32_t>(task / out_channels);
-        const int64_t co = task % out_channels;
-        std::vector<T> sum(static_cast<size_t>(in_channels), T(0));
+        const int32_t t = static_cast<int32_t>(task / blocks_per_tap);
+        const int64_t co_begin = (task % blocks_per_tap) * block;
+        const int64_t co_end = std::min(out_channels, co_begin + block);
+        std::vector<T> sum(static_cast<size_t>((co_end - co_begin) * in_channels), T(0));
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t s = map ? map[r * volume + t] : r;
             if (s < 0) continue;
-            const T g = grad[r * out_channels + co];
             const T* xs = x + s * in_channels;
-            for (int64_t ci = 0; ci < in_channels; ++ci) sum[ci] += g * xs[ci];
+            const T* g = grad + r * out_channels;
+            for (int64_t co = co_begin; co < co_end; ++co) {
+                const T gv = g[co];
+                T* acc = sum.data() + (co - co_begin) * in_channels;
+                for (int64_t ci = 0; ci < in_channels; ++ci) acc[ci] += gv * xs[ci];
+            }
         }
-        for (int64_t ci = 0; ci < in_channels; ++ci) grad_weight[(co * in_channels + ci) * volume + t] = sum[ci];
+        for (int64_t co = co_begin; co < co_end; ++co)
+            for (int64_t ci = 0; ci < in_channels; ++ci)
+                grad_weight[(co * in_channels + ci) * volume + t] = sum[(co - co_begin) * in_channels + ci];
     }
 }
 

@@ -4,6 +4,7 @@
 #include <sparsegrid/convolution.h>
 #include <sparsegrid/grid_batch.h>
 #include <sparsegrid/kernel_map.h>
+#include <sparsegrid/shapes.h>
 
 #include <c10/core/CPUAllocator.h>
 #include <torch/custom_class.h>
@@ -276,7 +277,28 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
     }
 };
 
+/// Surface voxels of `batch_size` procedural closed shapes at `resolution` (shapes.h): ijk [N, 3] int32
+/// and member offsets [B+1] int64, member-major (each member in the generator's order).
+std::tuple<torch::Tensor, torch::Tensor> synthetic_surface_batch(int64_t batch_size, int64_t resolution, int64_t seed) {
+    if (resolution < 1 || resolution > INT32_MAX) fail("synthetic_surface_batch: resolution must be >= 1, got ", resolution);
+    const auto members = sparsegrid::synthetic_surface_batch(batch_size, static_cast<int32_t>(resolution),
+                                                             static_cast<uint64_t>(seed));
+    std::vector<int64_t> offsets{0};
+    for (const auto& member : members) offsets.push_back(offsets.back() + static_cast<int64_t>(member.size()));
+    torch::Tensor ijk = torch::empty({offsets.back(), 3}, torch::dtype(torch::kInt32));
+    int32_t* out = ijk.data_ptr<int32_t>();
+    for (const auto& member : members)
+        for (const Vec3i& v : member) {
+            out[0] = v[0];
+            out[1] = v[1];
+            out[2] = v[2];
+            out += 3;
+        }
+    return {ijk, torch::tensor(offsets, torch::dtype(torch::kInt64))};
+}
+
 TORCH_LIBRARY(sparsegrid, m) {
+    m.def("synthetic_surface_batch", &synthetic_surface_batch);
     m.class_<GridBatchHolder>("GridBatch")
         .def_static("from_ijk", &GridBatchHolder::from_ijk)
         .def("batch_size", &GridBatchHolder::batch_size)
