@@ -91,22 +91,18 @@ class GridBatch:
 
     @staticmethod
     def from_points(points, voxel_sizes, origins=None):
-        """The voxels containing at least one point: ijk = floor((xyz - origin) / voxel_size + 1/2)."""
+        """The voxels containing at least one point: ijk = floor((xyz - origin) / voxel_size + 1/2).
+        points: one float tensor [P_m, 3] per member (world coordinates)."""
         if isinstance(points, torch.Tensor):
             points = [points]
-        batch = len(points)
-        h = _per_member(voxel_sizes, batch, "voxel_sizes", 1.0)
-        o = _per_member(origins, batch, "origins", 0.0)
-        members = []
-        for m, p in enumerate(points):
-            p = torch.as_tensor(p, dtype=torch.float64).reshape(-1, 3)
-            if not torch.isfinite(p).all():
-                raise ValueError(f"from_points: points of member {m} must be finite")
-            index = torch.floor((p - o[m]) / h[m] + 0.5)
-            if index.numel() and (index.min() < -(2 ** 31) or index.max() > 2 ** 31 - 1):
-                raise ValueError(f"from_points: points of member {m} map outside the int32 index range")
-            members.append(index.to(torch.int32))
-        return GridBatch.from_ijk(members, h, o)
+        if not points:
+            raise ValueError("from_points: points must hold at least one member")
+        members = [torch.as_tensor(p, dtype=torch.float64).reshape(-1, 3) for p in points]
+        offsets = torch.tensor([0] + [m.shape[0] for m in members], dtype=torch.int64).cumsum(0)
+        batch = len(members)
+        return GridBatch(_Grid.from_points(torch.cat(members).contiguous(), offsets,
+                                           _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
+                                           _per_member(origins, batch, "origins", 0.0)))
 
     @property
     def batch_size(self):

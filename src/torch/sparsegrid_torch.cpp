@@ -107,6 +107,21 @@ struct GridBatchHolder : torch::CustomClassHolder {
             transforms, ctx));
     }
 
+    /// From world points [N, 3] float64: the voxels containing at least one point (see GridBatch::from_points).
+    static Ptr from_points(torch::Tensor xyz, torch::Tensor offsets, torch::Tensor voxel_sizes, torch::Tensor origins) {
+        constexpr const char* op = "GridBatch.from_points";
+        check_tensor(xyz, op, "xyz", torch::kFloat64, 2);
+        if (xyz.size(1) != 3) fail(op, ": xyz must have shape [N, 3], got [", xyz.size(0), ", ", xyz.size(1), "]");
+        const sparsegrid::Context ctx = context_of(xyz, op, "xyz");
+        const std::vector<int64_t> offsets_host = offsets_vector(offsets, op);
+        const std::vector<sparsegrid::MemberTransform> transforms =
+            transforms_of(voxel_sizes, origins, static_cast<int64_t>(offsets_host.size()) - 1, op);
+        const torch::Tensor contiguous = xyz.contiguous();
+        return wrap(sparsegrid::GridBatch::from_points(
+            sparsegrid::Span<const double>(contiguous.data_ptr<double>(), contiguous.numel()), offsets_host,
+            transforms, ctx));
+    }
+
     static std::vector<int64_t> offsets_vector(const torch::Tensor& offsets, const char* op) {
         check_tensor(offsets, op, "offsets", torch::kInt64, 1);
         const torch::Tensor host = offsets.to(torch::kCPU).contiguous();
@@ -301,6 +316,7 @@ TORCH_LIBRARY(sparsegrid, m) {
     m.def("synthetic_surface_batch", &synthetic_surface_batch);
     m.class_<GridBatchHolder>("GridBatch")
         .def_static("from_ijk", &GridBatchHolder::from_ijk)
+        .def_static("from_points", &GridBatchHolder::from_points)
         .def("batch_size", &GridBatchHolder::batch_size)
         .def("num_voxels", &GridBatchHolder::num_voxels)
         .def("ijk", &GridBatchHolder::ijk)

@@ -182,3 +182,12 @@ def test_bad_inputs_raise_clear_errors():
         grid.conv_grid(3, 0)
     with pytest.raises(RuntimeError, match="mask"):
         grid.pruned_grid(torch.ones(grid.num_voxels + 2))
+
+
+def test_from_points_uses_the_voxel_containing_each_point():
+    grid = sg.GridBatch.from_points([torch.tensor([[0.49, 0.5, -0.51], [1.0, 1.0, 1.0]]), torch.zeros((0, 3))],
+                                    voxel_sizes=[[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]], origins=[0.0, 0.0, 0.0])
+    assert sorted(map(tuple, grid.ijk.tolist())) == [(0, 1, -1), (1, 1, 1)]
+    assert grid.joffsets.tolist() == [0, 2, 2]
+    with pytest.raises(RuntimeError, match="finite"):
+        sg.GridBatch.from_points(torch.tensor([[float("nan"), 0.0, 0.0]]), voxel_sizes=1.0)
