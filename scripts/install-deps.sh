@@ -3,7 +3,8 @@
 set -euo pipefail
 
 # The PyTorch layer and its tests use Debian's torch (CPU) with its CMake package, and pytest.
-packages=(build-essential cmake ninja-build ccache libgtest-dev googletest libtorch-dev python3-torch python3-pytest)
+packages=(build-essential cmake ninja-build ccache libgtest-dev googletest libassimp-dev libtorch-dev python3-torch
+  python3-pytest)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -6,6 +6,7 @@
 #include <sparsegrid/grid_batch.h>
 #include <sparsegrid/io.h>
 #include <sparsegrid/kernel_map.h>
+#include <sparsegrid/mesh_io.h>
 #include <sparsegrid/shapes.h>
 #include <sparsegrid/types.h>
 #include <sparsegrid/version.h>

@@ -10,7 +10,7 @@ import pathlib
 
 import torch
 
-__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "library_path", "nn"]
+__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "library_path", "nn"]
 
 
 def _candidate_libraries():
@@ -103,6 +103,24 @@ class GridBatch:
         return GridBatch(_Grid.from_points(torch.cat(members).contiguous(), offsets,
                                            _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
                                            _per_member(origins, batch, "origins", 0.0)))
+
+    @staticmethod
+    def from_mesh(meshes, voxel_sizes, origins=None):
+        """Every voxel whose cube meets a triangle. meshes: one (vertices [V, 3], faces [F, 3]) pair per
+        member, faces indexing that member's vertices (load_mesh returns such a pair)."""
+        if isinstance(meshes, tuple):
+            meshes = [meshes]
+        if not meshes:
+            raise ValueError("from_mesh: meshes must hold at least one member")
+        vertices = [torch.as_tensor(v, dtype=torch.float64).reshape(-1, 3) for v, _ in meshes]
+        faces = [torch.as_tensor(f).reshape(-1, 3).to(torch.int32) for _, f in meshes]
+        vertex_offsets = torch.tensor([0] + [v.shape[0] for v in vertices], dtype=torch.int64).cumsum(0)
+        face_offsets = torch.tensor([0] + [f.shape[0] for f in faces], dtype=torch.int64).cumsum(0)
+        batch = len(meshes)
+        return GridBatch(_Grid.from_mesh(torch.cat(vertices).contiguous(), vertex_offsets,
+                                         torch.cat(faces).contiguous(), face_offsets,
+                                         _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
+                                         _per_member(origins, batch, "origins", 0.0)))
 
     @property
     def batch_size(self):
@@ -226,6 +244,12 @@ class _SparseConv(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             grad_weight = ctx.plan.backward_weight(features, grad_output)
         return grad_features, grad_weight, None
+
+
+def load_mesh(path):
+    """A triangle mesh file (OBJ, PLY, STL, OFF, glTF, ... through assimp): (vertices [V, 3] float64,
+    faces [F, 3] int32)."""
+    return torch.ops.sparsegrid.load_mesh(str(path))
 
 
 def synthetic_shapes(batch_size, resolution, seed=0):

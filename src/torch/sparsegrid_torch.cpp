@@ -4,6 +4,7 @@
 #include <sparsegrid/convolution.h>
 #include <sparsegrid/grid_batch.h>
 #include <sparsegrid/kernel_map.h>
+#include <sparsegrid/mesh_io.h>
 #include <sparsegrid/shapes.h>
 
 #include <c10/core/CPUAllocator.h>
@@ -120,6 +121,26 @@ struct GridBatchHolder : torch::CustomClassHolder {
         return wrap(sparsegrid::GridBatch::from_points(
             sparsegrid::Span<const double>(contiguous.data_ptr<double>(), contiguous.numel()), offsets_host,
             transforms, ctx));
+    }
+
+    /// From triangle meshes: vertices [V, 3] float64 and faces [F, 3] int32 (member-local indices) with
+    /// their member offsets (see GridBatch::from_mesh).
+    static Ptr from_mesh(torch::Tensor vertices, torch::Tensor vertex_offsets, torch::Tensor faces,
+                         torch::Tensor face_offsets, torch::Tensor voxel_sizes, torch::Tensor origins) {
+        constexpr const char* op = "GridBatch.from_mesh";
+        check_tensor(vertices, op, "vertices", torch::kFloat64, 2);
+        check_tensor(faces, op, "faces", torch::kInt32, 2);
+        if (vertices.size(1) != 3 || faces.size(1) != 3) fail(op, ": vertices and faces must have shape [N, 3]");
+        const sparsegrid::Context ctx = context_of(vertices, op, "vertices");
+        context_of(faces, op, "faces");
+        const std::vector<int64_t> vertex_offsets_host = offsets_vector(vertex_offsets, op);
+        const std::vector<int64_t> face_offsets_host = offsets_vector(face_offsets, op);
+        const std::vector<sparsegrid::MemberTransform> transforms =
+            transforms_of(voxel_sizes, origins, static_cast<int64_t>(face_offsets_host.size()) - 1, op);
+        const torch::Tensor v = vertices.contiguous(), f = faces.contiguous();
+        return wrap(sparsegrid::GridBatch::from_mesh(
+            sparsegrid::Span<const double>(v.data_ptr<double>(), v.numel()), vertex_offsets_host,
+            sparsegrid::Span<const int32_t>(f.data_ptr<int32_t>(), f.numel()), face_offsets_host, transforms, ctx));
     }
 
     static std::vector<int64_t> offsets_vector(const torch::Tensor& offsets, const char* op) {
@@ -312,11 +333,25 @@ std::tuple<torch::Tensor, torch::Tensor> synthetic_surface_batch(int64_t batch_s
     return {ijk, torch::tensor(offsets, torch::dtype(torch::kInt64))};
 }
 
+/// A triangle mesh file (load_mesh): vertices [V, 3] float64 and faces [F, 3] int32.
+std::tuple<torch::Tensor, torch::Tensor> load_mesh(std::string path) {
+    const sparsegrid::TriangleMesh mesh = sparsegrid::load_mesh(path);
+    torch::Tensor vertices = torch::empty({static_cast<int64_t>(mesh.vertices.size()), 3}, torch::dtype(torch::kFloat64));
+    torch::Tensor faces = torch::empty({static_cast<int64_t>(mesh.faces.size()), 3}, torch::dtype(torch::kInt32));
+    for (size_t i = 0; i < mesh.vertices.size(); ++i)
+        for (int a = 0; a < 3; ++a) vertices.data_ptr<double>()[3 * i + a] = mesh.vertices[i][a];
+    for (size_t i = 0; i < mesh.faces.size(); ++i)
+        for (int a = 0; a < 3; ++a) faces.data_ptr<int32_t>()[3 * i + a] = mesh.faces[i][a];
+    return {vertices, faces};
+}
+
 TORCH_LIBRARY(sparsegrid, m) {
     m.def("synthetic_surface_batch", &synthetic_surface_batch);
+    m.def("load_mesh", &load_mesh);
     m.class_<GridBatchHolder>("GridBatch")
         .def_static("from_ijk", &GridBatchHolder::from_ijk)
         .def_static("from_points", &GridBatchHolder::from_points)
+        .def_static("from_mesh", &GridBatchHolder::from_mesh)
         .def("batch_size", &GridBatchHolder::batch_size)
         .def("num_voxels", &GridBatchHolder::num_voxels)
         .def("ijk", &GridBatchHolder::ijk)

@@ -191,3 +191,17 @@ def test_from_points_uses_the_voxel_containing_each_point():
     assert grid.joffsets.tolist() == [0, 2, 2]
     with pytest.raises(RuntimeError, match="finite"):
         sg.GridBatch.from_points(torch.tensor([[float("nan"), 0.0, 0.0]]), voxel_sizes=1.0)
+
+
+def test_bunny_from_mesh(tmp_path):
+    import pathlib
+    vertices, faces = sg.load_mesh(pathlib.Path(__file__).resolve().parents[2] / "data" / "bunny.ply")
+    assert faces.shape == (3674, 3)
+    lo = vertices.min(0).values
+    size = float((vertices.max(0).values - lo).max()) / 16
+    grid = sg.GridBatch.from_mesh([(vertices, faces), (vertices, faces)], voxel_sizes=[[size] * 3, [size / 2] * 3],
+                                  origins=lo)
+    counts = grid.joffsets.diff().tolist()
+    assert counts[0] > 100 and counts[1] > 3 * counts[0]  # finer voxels, ~4x the surface voxels
+    with pytest.raises(RuntimeError, match="missing.ply"):
+        sg.load_mesh(tmp_path / "missing.ply")
