@@ -6,12 +6,18 @@ conv, k3s1 conv, 1x1 occupancy classifier, prune): the topology is generated and
 step, which is what sparsegrid is built for. During training the voxels of the target at each level are
 kept as well, so every level sees its ground truth.
 
-Prints the loss and a per-iteration time split (topology and plan construction, convolution compute,
-everything else), and at the end the intersection-over-union of reconstructions with their inputs.
+Trains on procedural shapes plus triangle meshes (by default the bundled Stanford bunny), voxelised as
+surfaces at the training resolution. Prints the loss and a per-iteration time split (topology and plan
+construction, convolution compute, everything else), and at the end the intersection-over-union of
+reconstructions with their inputs; with --output it writes loss.png and reconstructions.png. With
+--world-size N it trains N processes with torch.distributed (gloo) and DistributedDataParallel: each
+rank samples its own batches and builds its own topology; gradients are averaged by DDP.
 Usage: PYTHONPATH=python python3 examples/vae.py [--resolution 32] [--batch 8] [--iterations 300]
 """
 
 import argparse
+import pathlib
+import socket
 import time
 
 import torch
@@ -141,11 +147,26 @@ def iou(predicted, target):
     return inter / (pred_count + target_count - inter).clamp(min=1)
 
 
-def main():
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def mesh_shape(path, resolution):
+    """The surface voxels of a mesh scaled to fit [1, resolution - 1)^3."""
+    vertices, faces = sg.load_mesh(path)
+    lo = vertices.min(0).values
+    extent = float((vertices.max(0).values - lo).max())
+    size = extent / (resolution - 3)
+    grid = sg.GridBatch.from_mesh([(vertices, faces)], voxel_sizes=size, origins=lo - size)
+    return grid.ijk
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="Shape VAE on sparse voxel grids")
     parser.add_argument("--resolution", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--shapes", type=int, default=64, help="size of the training set")
+    parser.add_argument("--batch", type=int, default=8, help="shapes per batch and process")
+    parser.add_argument("--shapes", type=int, default=64, help="procedural shapes in the training set")
+    parser.add_argument("--meshes", nargs="*", default=[str(ROOT / "data" / "bunny.ply")],
+                        help="mesh files added to the training set")
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--channels", type=int, nargs=LEVELS, default=[8, 16, 32, 32])
     parser.add_argument("--latent", type=int, default=32)
@@ -153,26 +174,39 @@ def main():
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=20)
-    args = parser.parse_args()
+    parser.add_argument("--output", default=None, help="directory for loss.png and reconstructions.png")
+    parser.add_argument("--world-size", type=int, default=1, help="processes (torch.distributed, gloo)")
+    args = parser.parse_args(argv)
     if args.resolution % 2 ** LEVELS != 0 or args.resolution // 2 ** LEVELS != 2:
         raise SystemExit(f"--resolution must be {2 * 2 ** LEVELS} (the decoder grows a 2^3 seed {LEVELS} times)")
+    return args
 
-    torch.manual_seed(args.seed)
+
+def train(rank, world_size, args):
+    distributed = world_size > 1
+    torch.manual_seed(args.seed)  # identical initial parameters on every rank
     shapes = sg.synthetic_shapes(args.shapes, args.resolution, args.seed)
+    shapes += [mesh_shape(path, args.resolution) for path in args.meshes]
     encoder, decoder = Encoder(args.channels, args.latent), Decoder(list(reversed(args.channels)), args.latent)
+    if distributed:
+        encoder = nn.parallel.DistributedDataParallel(encoder)
+        decoder = nn.parallel.DistributedDataParallel(decoder)
     params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer = torch.optim.Adam(params, lr=args.lr)
     bce = nn.BCEWithLogitsLoss()
     timers = Timers()
     timers.install()
-    print(f"shape VAE: {args.shapes} procedural shapes at resolution {args.resolution}, batch {args.batch}, "
-          f"{sum(p.numel() for p in params)} parameters, {torch.get_num_threads()} torch threads")
+    sampler = torch.Generator().manual_seed(args.seed * 1000 + rank)  # each rank its own batches
+    log = print if rank == 0 else (lambda *a, **k: None)
+    log(f"shape VAE: {len(shapes)} shapes ({args.shapes} procedural, {len(args.meshes)} meshes) at resolution "
+        f"{args.resolution}, batch {args.batch} x {world_size} processes, {sum(p.numel() for p in params)} "
+        f"parameters, {torch.get_num_threads()} torch threads")
     window = {"loss": 0.0, "total": 0.0, "plans": 0.0, "convs": 0.0, "voxels": 0, "count": 0}
-    first_loss = None
+    curve = []
     for iteration in range(1, args.iterations + 1):
         start = time.perf_counter()
         plans_before, convs_before = timers.plans, timers.convs
-        pick = torch.randint(0, args.shapes, (args.batch,)).tolist()
+        pick = torch.randint(0, len(shapes), (args.batch,), generator=sampler).tolist()
         target = sg.GridBatch.from_ijk([shapes[i] for i in pick])
         x = snn.SparseFeatures(target, torch.ones(target.num_voxels, 1))
         mean, log_var = encoder(x)
@@ -184,6 +218,7 @@ def main():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        curve.append(loss.item())
         window["loss"] += loss.item()
         window["total"] += time.perf_counter() - start
         window["plans"] += timers.plans - plans_before
@@ -192,27 +227,99 @@ def main():
         window["count"] += 1
         if iteration % args.print_every == 0 or iteration == args.iterations:
             n = window["count"]
-            average = window["loss"] / n
-            first_loss = average if first_loss is None else first_loss
             total = window["total"] / n
-            print(f"iteration {iteration:5d}  loss {average:.4f}  {1e3 * total:7.1f} ms/iter: "
-                  f"topology+plans {1e3 * window['plans'] / n:6.1f} ms, convolutions {1e3 * window['convs'] / n:6.1f} "
-                  f"ms, other {1e3 * (total - (window['plans'] + window['convs']) / n):6.1f} ms; "
-                  f"{window['voxels'] // n} decoder voxels/iter", flush=True)
-            last_loss = average
+            log(f"iteration {iteration:5d}  loss {window['loss'] / n:.4f}  {1e3 * total:7.1f} ms/iter: "
+                f"topology+plans {1e3 * window['plans'] / n:6.1f} ms, convolutions {1e3 * window['convs'] / n:6.1f} "
+                f"ms, other {1e3 * (total - (window['plans'] + window['convs']) / n):6.1f} ms; "
+                f"{window['voxels'] // n} decoder voxels/iter", flush=True)
             window = {key: 0 for key in window}
 
+    if distributed:
+        # DDP keeps the replicas identical: every rank's parameters must match rank 0's.
+        flat = torch.cat([p.detach().reshape(-1) for p in params])
+        gathered = [torch.zeros_like(flat) for _ in range(world_size)]
+        torch.distributed.all_gather(gathered, flat)
+        same = all(torch.equal(gathered[0], other) for other in gathered[1:])
+        log(f"parameters identical on all {world_size} ranks: {'yes' if same else 'NO'}")
+        encoder, decoder = encoder.module, decoder.module
+    if rank != 0:
+        return
     encoder.eval()
     decoder.eval()
     with torch.no_grad():
-        target = sg.GridBatch.from_ijk(shapes[: args.batch])
+        shown = list(range(min(args.batch, 6))) + list(range(args.shapes, len(shapes)))
+        target = sg.GridBatch.from_ijk([shapes[i] for i in shown])
         mean, _ = encoder(snn.SparseFeatures(target, torch.ones(target.num_voxels, 1)))
         grid, occupied, _ = decoder(mean)
         predicted = grid.pruned_grid(occupied)
         scores = iou(predicted, target)
-    print(f"loss: first window {first_loss:.4f}, last window {last_loss:.4f}")
-    print("reconstruction IoU of the first shapes: " + " ".join(f"{v:.2f}" for v in scores.tolist())
+    windows = [sum(curve[i:i + args.print_every]) / len(curve[i:i + args.print_every])
+               for i in range(0, len(curve), args.print_every)]
+    print(f"loss: first window {windows[0]:.4f}, last window {windows[-1]:.4f}")
+    print("reconstruction IoU (procedural shapes, then meshes): " + " ".join(f"{v:.2f}" for v in scores.tolist())
           + f" (mean {scores.mean():.3f})")
+    if args.output:
+        write_figures(pathlib.Path(args.output), curve, target, predicted, scores)
+
+
+def write_figures(directory, curve, target, predicted, scores):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    directory.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(curve, linewidth=0.6, alpha=0.5, label="iteration")
+    window = max(1, len(curve) // 50)
+    smooth = [sum(curve[max(0, i - window):i + 1]) / len(curve[max(0, i - window):i + 1]) for i in range(len(curve))]
+    ax.plot(smooth, linewidth=1.5, label=f"mean of {window + 1}")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("loss (occupancy BCE + KL)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(directory / "loss.png", dpi=120)
+    plt.close(fig)
+
+    count = target.batch_size
+    fig = plt.figure(figsize=(2.6 * count, 5.2))
+    for row, (grid, title) in enumerate(((target, "input"), (predicted, "reconstruction"))):
+        offsets = grid.joffsets.tolist()
+        for m in range(count):
+            ax = fig.add_subplot(2, count, row * count + m + 1, projection="3d")
+            points = grid.ijk[offsets[m]:offsets[m + 1]].float()
+            if points.shape[0]:
+                ax.scatter(points[:, 0], points[:, 1], points[:, 2], s=2, c=points[:, 2], cmap="viridis",
+                           marker="s", linewidths=0)
+            ax.set_title(f"{title} {m}" + (f"\nIoU {scores[m]:.2f}" if row else ""), fontsize=8)
+            ax.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(directory / "reconstructions.png", dpi=110)
+    plt.close(fig)
+    print(f"wrote {directory / 'loss.png'} and {directory / 'reconstructions.png'}")
+
+
+def worker(rank, world_size, port, args):
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                         world_size=world_size)
+    try:
+        train(rank, world_size, args)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.world_size > 1:
+        torch.multiprocessing.spawn(worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)
+    else:
+        train(0, 1, args)
 
 
 if __name__ == "__main__":

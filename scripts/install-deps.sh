@@ -2,9 +2,10 @@
 # Installs the Debian packages sparsegrid builds and tests with, skipping those already present.
 set -euo pipefail
 
-# The PyTorch layer and its tests use Debian's torch (CPU) with its CMake package, and pytest.
+# The PyTorch layer and its tests use Debian's torch (CPU) with its CMake package, pytest, and matplotlib
+# for the training example's figures.
 packages=(build-essential cmake ninja-build ccache libgtest-dev googletest libassimp-dev libtorch-dev python3-torch
-  python3-pytest)
+  python3-pytest python3-matplotlib)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
