@@ -82,12 +82,7 @@ def main():
         window["convs"] += timers.convs - convs_before
         window["count"] += 1
         if iteration % args.print_every == 0 or iteration == args.iterations:
-            n = window["count"]
-            total = window["total"] / n
-            print(f"iteration {iteration:5d}  loss {window['loss'] / n:.4f}  {1e3 * total:7.1f} ms/iter: "
-                  f"topology+plans {1e3 * window['plans'] / n:6.1f} ms, convolutions "
-                  f"{1e3 * window['convs'] / n:6.1f} ms, other {1e3 * (total - (window['plans'] + window['convs']) / n):6.1f} ms",
-                  flush=True)
+            print(vae.window_report(iteration, window), flush=True)
             window = {key: 0 for key in window}
 
     encoder.eval()
@@ -105,39 +100,11 @@ def main():
           + f" (mean {partial_scores.mean():.3f}); completions " + " ".join(f"{v:.2f}" for v in scores.tolist())
           + f" (mean {scores.mean():.3f})")
     if args.output:
-        write_figures(pathlib.Path(args.output), curve, [partial, completed, full], scores)
-
-
-def write_figures(directory, curve, grids, scores):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(curve, linewidth=0.8)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("occupancy BCE")
-    fig.tight_layout()
-    fig.savefig(directory / "completion_loss.png", dpi=120)
-    plt.close(fig)
-    count = grids[0].batch_size
-    fig = plt.figure(figsize=(2.6 * count, 7.5))
-    for row, (grid, title) in enumerate(zip(grids, ("partial", "completion", "full"))):
-        offsets = grid.joffsets.tolist()
-        for m in range(count):
-            ax = fig.add_subplot(3, count, row * count + m + 1, projection="3d")
-            points = grid.ijk[offsets[m]:offsets[m + 1]].float()
-            if points.shape[0]:
-                ax.scatter(points[:, 0], points[:, 1], points[:, 2], s=2, c=points[:, 2], cmap="viridis",
-                           marker="s", linewidths=0)
-            ax.set_title(f"{title} {m}" + (f"\nIoU {scores[m]:.2f}" if row == 1 else ""), fontsize=8)
-            ax.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(directory / "completions.png", dpi=110)
-    plt.close(fig)
-    print(f"wrote {directory / 'completion_loss.png'} and {directory / 'completions.png'}")
+        directory = pathlib.Path(args.output)
+        vae.plot_loss(directory / "completion_loss.png", curve, "occupancy BCE")
+        vae.render_rows(directory / "completions.png",
+                        [(partial, "partial"), (completed, "completion"), (full, "full")], scores, 1)
+        print(f"wrote {directory / 'completion_loss.png'} and {directory / 'completions.png'}")
 
 
 if __name__ == "__main__":

@@ -226,12 +226,7 @@ def train(rank, world_size, args):
         window["voxels"] += sum(logits.numel() for logits, _ in outputs)
         window["count"] += 1
         if iteration % args.print_every == 0 or iteration == args.iterations:
-            n = window["count"]
-            total = window["total"] / n
-            log(f"iteration {iteration:5d}  loss {window['loss'] / n:.4f}  {1e3 * total:7.1f} ms/iter: "
-                f"topology+plans {1e3 * window['plans'] / n:6.1f} ms, convolutions {1e3 * window['convs'] / n:6.1f} "
-                f"ms, other {1e3 * (total - (window['plans'] + window['convs']) / n):6.1f} ms; "
-                f"{window['voxels'] // n} decoder voxels/iter", flush=True)
+            log(window_report(iteration, window), flush=True)
             window = {key: 0 for key in window}
 
     if distributed:
@@ -262,40 +257,68 @@ def train(rank, world_size, args):
         write_figures(pathlib.Path(args.output), curve, target, predicted, scores)
 
 
-def write_figures(directory, curve, target, predicted, scores):
+def window_report(iteration, window):
+    """One progress line: mean loss and time split over the iterations since the last report."""
+    n = window["count"]
+    total = window["total"] / n
+    line = (f"iteration {iteration:5d}  loss {window['loss'] / n:.4f}  {1e3 * total:7.1f} ms/iter: "
+            f"topology+plans {1e3 * window['plans'] / n:6.1f} ms, convolutions {1e3 * window['convs'] / n:6.1f} ms, "
+            f"other {1e3 * (total - (window['plans'] + window['convs']) / n):6.1f} ms")
+    if window.get("voxels"):
+        line += f"; {window['voxels'] // n} decoder voxels/iter"
+    return line
+
+
+def plot_loss(path, curve, label):
+    """The loss per iteration and its running mean, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    directory.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(curve, linewidth=0.6, alpha=0.5, label="iteration")
     window = max(1, len(curve) // 50)
     smooth = [sum(curve[max(0, i - window):i + 1]) / len(curve[max(0, i - window):i + 1]) for i in range(len(curve))]
     ax.plot(smooth, linewidth=1.5, label=f"mean of {window + 1}")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("loss (occupancy BCE + KL)")
+    ax.set_ylabel(label)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(directory / "loss.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
 
-    count = target.batch_size
-    fig = plt.figure(figsize=(2.6 * count, 5.2))
-    for row, (grid, title) in enumerate(((target, "input"), (predicted, "reconstruction"))):
+
+def render_rows(path, rows, scores, scored_row):
+    """One row of 3D voxel renders per (grid, title) in rows, one column per member; the IoU scores are
+    printed under the members of row scored_row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = rows[0][0].batch_size
+    fig = plt.figure(figsize=(2.6 * count, 2.6 * len(rows)))
+    for row, (grid, title) in enumerate(rows):
         offsets = grid.joffsets.tolist()
         for m in range(count):
-            ax = fig.add_subplot(2, count, row * count + m + 1, projection="3d")
+            ax = fig.add_subplot(len(rows), count, row * count + m + 1, projection="3d")
             points = grid.ijk[offsets[m]:offsets[m + 1]].float()
             if points.shape[0]:
                 ax.scatter(points[:, 0], points[:, 1], points[:, 2], s=2, c=points[:, 2], cmap="viridis",
                            marker="s", linewidths=0)
-            ax.set_title(f"{title} {m}" + (f"\nIoU {scores[m]:.2f}" if row else ""), fontsize=8)
+            ax.set_title(f"{title} {m}" + (f"\nIoU {scores[m]:.2f}" if row == scored_row else ""), fontsize=8)
             ax.set_axis_off()
     fig.tight_layout()
-    fig.savefig(directory / "reconstructions.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_figures(directory, curve, target, predicted, scores):
+    plot_loss(directory / "loss.png", curve, "loss (occupancy BCE + KL)")
+    render_rows(directory / "reconstructions.png", [(target, "input"), (predicted, "reconstruction")], scores, 1)
     print(f"wrote {directory / 'loss.png'} and {directory / 'reconstructions.png'}")
 
 

@@ -73,6 +73,8 @@ public:
 
 private:
     ConvolutionPlan() = default;
+    static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
+                                    MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
 
     GridBatch m_source;
     GridBatch m_target;

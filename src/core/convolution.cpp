@@ -49,35 +49,45 @@ void require_cpu(const char* op, Device device) {
 
 }  // namespace
 
+namespace {
+
+std::shared_ptr<detail::PlanMaps> maps_of(KernelMap map) {
+    auto maps = std::make_shared<detail::PlanMaps>();
+    maps->rows_of_target = std::move(map);
+    return maps;
+}
+
+}  // namespace
+
+ConvolutionPlan ConvolutionPlan::assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size,
+                                          const Vec3i& stride, MapDirection direction,
+                                          std::shared_ptr<detail::PlanMaps> maps) {
+    ConvolutionPlan plan;
+    plan.m_source = std::move(source);
+    plan.m_target = std::move(target);
+    plan.m_kernel_size = kernel_size;
+    plan.m_stride = stride;
+    plan.m_direction = direction;
+    plan.m_maps = std::move(maps);
+    return plan;
+}
+
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
     if (detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride).is_uniform(1, 1))
         return make(source, source, kernel_size, stride);
     GridAndMap built = conv_grid_and_map(source, kernel_size, stride);
-    ConvolutionPlan plan;
-    plan.m_source = source;
-    plan.m_target = std::move(built.grid);
-    plan.m_kernel_size = kernel_size;
-    plan.m_stride = stride;
-    plan.m_direction = MapDirection::Forward;
-    plan.m_maps = std::make_shared<detail::PlanMaps>();
-    plan.m_maps->rows_of_target = std::move(built.map);
-    return plan;
+    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Forward,
+                    maps_of(std::move(built.map)));
 }
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
                                       const Vec3i& stride) {
     const detail::ConvGeometry geometry = detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
-    ConvolutionPlan plan;
-    plan.m_source = source;
-    plan.m_target = target;
-    plan.m_kernel_size = kernel_size;
-    plan.m_stride = stride;
-    plan.m_direction = MapDirection::Forward;
     // A grid onto itself with K = S = 1 is a plain matrix product: no map.
-    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage()) return plan;
-    plan.m_maps = std::make_shared<detail::PlanMaps>();
-    plan.m_maps->rows_of_target = neighbour_map(source, target, kernel_size, stride, MapDirection::Forward);
-    return plan;
+    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage())
+        return assemble(source, target, kernel_size, stride, MapDirection::Forward, nullptr);
+    return assemble(source, target, kernel_size, stride, MapDirection::Forward,
+                    maps_of(neighbour_map(source, target, kernel_size, stride, MapDirection::Forward)));
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const Vec3i& kernel_size,
@@ -85,31 +95,18 @@ ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const 
     if (detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride).is_uniform(1, 1))
         return make_transposed(source, source, kernel_size, stride);
     GridAndMap built = conv_transpose_grid_and_map(source, kernel_size, stride);
-    ConvolutionPlan plan;
-    plan.m_source = source;
-    plan.m_target = std::move(built.grid);
-    plan.m_kernel_size = kernel_size;
-    plan.m_stride = stride;
-    plan.m_direction = MapDirection::Transposed;
-    plan.m_maps = std::make_shared<detail::PlanMaps>();
-    plan.m_maps->rows_of_target = std::move(built.map);
-    return plan;
+    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Transposed,
+                    maps_of(std::move(built.map)));
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
                                                  const Vec3i& kernel_size, const Vec3i& stride) {
     const detail::ConvGeometry geometry =
         detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
-    ConvolutionPlan plan;
-    plan.m_source = source;
-    plan.m_target = target;
-    plan.m_kernel_size = kernel_size;
-    plan.m_stride = stride;
-    plan.m_direction = MapDirection::Transposed;
-    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage()) return plan;
-    plan.m_maps = std::make_shared<detail::PlanMaps>();
-    plan.m_maps->rows_of_target = neighbour_map(source, target, kernel_size, stride, MapDirection::Transposed);
-    return plan;
+    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage())
+        return assemble(source, target, kernel_size, stride, MapDirection::Transposed, nullptr);
+    return assemble(source, target, kernel_size, stride, MapDirection::Transposed,
+                    maps_of(neighbour_map(source, target, kernel_size, stride, MapDirection::Transposed)));
 }
 
 ConvolutionPlan ConvolutionPlan::transposed() const {
