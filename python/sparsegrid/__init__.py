@@ -10,7 +10,8 @@ import pathlib
 
 import torch
 
-__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "library_path", "nn"]
+__all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "convolution_seconds",
+           "library_path", "nn"]
 
 
 def _candidate_libraries():
@@ -224,26 +225,12 @@ class ConvolutionPlan:
 
     def execute(self, features, weight):
         """features [N_source, Cin], weight [Cout, Cin, K0, K1, K2] -> [N_target, Cout], differentiable."""
-        return _SparseConv.apply(features, weight, self._handle)
+        return torch.ops.sparsegrid.sparse_conv(features, weight, self._handle)
 
 
-class _SparseConv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, features, weight, plan):
-        ctx.plan = plan
-        ctx.save_for_backward(features, weight)
-        return plan.forward(features, weight)
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        features, weight = ctx.saved_tensors
-        grad_output = grad_output.contiguous()
-        grad_features = grad_weight = None
-        if ctx.needs_input_grad[0]:
-            grad_features = ctx.plan.backward_input(grad_output, weight)
-        if ctx.needs_input_grad[1]:
-            grad_weight = ctx.plan.backward_weight(features, grad_output)
-        return grad_features, grad_weight, None
+def convolution_seconds():
+    """Seconds this process has spent executing convolutions (forward and backward), for step profiles."""
+    return torch.ops.sparsegrid.convolution_seconds()
 
 
 def load_mesh(path):

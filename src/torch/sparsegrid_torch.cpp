@@ -12,6 +12,8 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -78,6 +80,23 @@ torch::ScalarType scalar_type_of(const torch::Tensor& t, const char* op, const c
         fail(op, ": ", name, " must be float32 or float64, got ", c10::toString(t.scalar_type()));
     return t.scalar_type();
 }
+
+/// Nanoseconds spent executing convolutions (forward and both backward passes), process-wide: lets a
+/// training loop split its step time without a profiler.
+std::atomic<int64_t> g_convolution_nanoseconds{0};
+
+class ConvolutionTimer {
+public:
+    ConvolutionTimer() : m_start(std::chrono::steady_clock::now()) {}
+    ~ConvolutionTimer() {
+        g_convolution_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - m_start)
+                                         .count();
+    }
+
+private:
+    std::chrono::steady_clock::time_point m_start;
+};
 
 sparsegrid::DType dtype_of(torch::ScalarType type) {
     return type == torch::kFloat32 ? sparsegrid::DType::Float32 : sparsegrid::DType::Float64;
@@ -275,6 +294,7 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
 
     torch::Tensor forward(torch::Tensor input, torch::Tensor weight) const {
         constexpr const char* op = "ConvolutionPlan.forward";
+        const ConvolutionTimer timer;
         check_features(input, plan.source_grid().num_voxels(), op, "input");
         const torch::ScalarType type = scalar_type_of(input, op, "input");
         if (weight.scalar_type() != type) fail(op, ": weight must have the dtype of input (", c10::toString(type), ")");
@@ -287,6 +307,7 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
 
     torch::Tensor backward_input(torch::Tensor grad_output, torch::Tensor weight) const {
         constexpr const char* op = "ConvolutionPlan.backward_input";
+        const ConvolutionTimer timer;
         check_features(grad_output, plan.target_grid().num_voxels(), op, "grad_output");
         const torch::ScalarType type = scalar_type_of(grad_output, op, "grad_output");
         if (weight.scalar_type() != type) fail(op, ": weight must have the dtype of grad_output");
@@ -301,6 +322,7 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
 
     torch::Tensor backward_weight(torch::Tensor input, torch::Tensor grad_output) const {
         constexpr const char* op = "ConvolutionPlan.backward_weight";
+        const ConvolutionTimer timer;
         check_features(input, plan.source_grid().num_voxels(), op, "input");
         check_features(grad_output, plan.target_grid().num_voxels(), op, "grad_output");
         const torch::ScalarType type = scalar_type_of(input, op, "input");
@@ -333,6 +355,35 @@ std::tuple<torch::Tensor, torch::Tensor> synthetic_surface_batch(int64_t batch_s
     return {ijk, torch::tensor(offsets, torch::dtype(torch::kInt64))};
 }
 
+/// Sparse convolution with autograd, for C++ (LibTorch) and Python alike: gradients for the features
+/// and the weight come from the plan's backward passes (deterministic, like the forward).
+class SparseConvFunction : public torch::autograd::Function<SparseConvFunction> {
+public:
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor features, torch::Tensor weight,
+                                 c10::intrusive_ptr<ConvolutionPlanHolder> plan) {
+        ctx->save_for_backward({features, weight});
+        ctx->saved_data["plan"] = plan;
+        return plan->forward(features, weight);
+    }
+
+    static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::tensor_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const auto plan = ctx->saved_data["plan"].toCustomClass<ConvolutionPlanHolder>();
+        const torch::Tensor grad_output = grads[0].contiguous();
+        torch::Tensor grad_features, grad_weight;
+        if (ctx->needs_input_grad(0)) grad_features = plan->backward_input(grad_output, saved[1]);
+        if (ctx->needs_input_grad(1)) grad_weight = plan->backward_weight(saved[0], grad_output);
+        return {grad_features, grad_weight, torch::Tensor()};
+    }
+};
+
+/// torch.ops.sparsegrid.sparse_conv(features [N_source, Cin], weight [Cout, Cin, K0, K1, K2], plan)
+/// -> [N_target, Cout], differentiable in features and weight.
+torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight, c10::intrusive_ptr<ConvolutionPlanHolder> plan) {
+    return SparseConvFunction::apply(features, weight, plan);
+}
+
 /// A triangle mesh file (load_mesh): vertices [V, 3] float64 and faces [F, 3] int32.
 std::tuple<torch::Tensor, torch::Tensor> load_mesh(std::string path) {
     const sparsegrid::TriangleMesh mesh = sparsegrid::load_mesh(path);
@@ -348,6 +399,7 @@ std::tuple<torch::Tensor, torch::Tensor> load_mesh(std::string path) {
 TORCH_LIBRARY(sparsegrid, m) {
     m.def("synthetic_surface_batch", &synthetic_surface_batch);
     m.def("load_mesh", &load_mesh);
+
     m.class_<GridBatchHolder>("GridBatch")
         .def_static("from_ijk", &GridBatchHolder::from_ijk)
         .def_static("from_points", &GridBatchHolder::from_points)
@@ -376,6 +428,9 @@ TORCH_LIBRARY(sparsegrid, m) {
         .def("forward", &ConvolutionPlanHolder::forward)
         .def("backward_input", &ConvolutionPlanHolder::backward_input)
         .def("backward_weight", &ConvolutionPlanHolder::backward_weight);
+    // After the classes: the schema of sparse_conv names ConvolutionPlan.
+    m.def("sparse_conv", &sparse_conv);
+    m.def("convolution_seconds", [] { return static_cast<double>(g_convolution_nanoseconds.load()) * 1e-9; });
 }
 
 }  // namespace sparsegrid_torch
