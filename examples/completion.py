@@ -62,7 +62,7 @@ def main():
     timers = vae.Timers()
     timers.install()
     print(f"shape completion: {args.shapes} procedural shapes at resolution {args.resolution}, batch {args.batch}")
-    curve, window = [], {"loss": 0.0, "total": 0.0, "plans": 0.0, "convs": 0.0, "count": 0}
+    curve, window = [], {"loss": 0.0, "total": 0.0, "plans": 0.0, "convs": 0.0, "voxels": 0, "count": 0}
     for iteration in range(1, args.iterations + 1):
         start = time.perf_counter()
         plans_before, convs_before = timers.plans, timers.convs
@@ -76,11 +76,7 @@ def main():
         loss.backward()
         optimizer.step()
         curve.append(loss.item())
-        window["loss"] += loss.item()
-        window["total"] += time.perf_counter() - start
-        window["plans"] += timers.plans - plans_before
-        window["convs"] += timers.convs - convs_before
-        window["count"] += 1
+        vae.accumulate(window, loss.item(), start, timers, plans_before, convs_before)
         if iteration % args.print_every == 0 or iteration == args.iterations:
             print(vae.window_report(iteration, window), flush=True)
             window = {key: 0 for key in window}

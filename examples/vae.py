@@ -210,12 +210,8 @@ def train(rank, world_size, args):
         loss.backward()
         optimizer.step()
         curve.append(loss.item())
-        window["loss"] += loss.item()
-        window["total"] += time.perf_counter() - start
-        window["plans"] += timers.plans - plans_before
-        window["convs"] += timers.convs - convs_before
-        window["voxels"] += sum(logits.numel() for logits, _ in outputs)
-        window["count"] += 1
+        accumulate(window, loss.item(), start, timers, plans_before, convs_before,
+                   voxels=sum(logits.numel() for logits, _ in outputs))
         if iteration % args.print_every == 0 or iteration == args.iterations:
             log(window_report(iteration, window), flush=True)
             window = {key: 0 for key in window}
@@ -246,6 +242,16 @@ def train(rank, world_size, args):
           + f" (mean {scores.mean():.3f})")
     if args.output:
         write_figures(pathlib.Path(args.output), curve, target, predicted, scores)
+
+
+def accumulate(window, loss, start, timers, plans_before, convs_before, voxels=0):
+    """Adds one iteration (started at `start`) to the reporting window."""
+    window["loss"] += loss
+    window["total"] += time.perf_counter() - start
+    window["plans"] += timers.plans - plans_before
+    window["convs"] += timers.convs - convs_before
+    window["voxels"] += voxels
+    window["count"] += 1
 
 
 def window_report(iteration, window):
