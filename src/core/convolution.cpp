@@ -41,6 +41,13 @@ void check_pointer(const char* op, const char* name, const void* data, int64_t r
         throw_error(op, ": ", name, " is null but must hold ", rows, " x ", columns, " values");
 }
 
+void check_dtype(const char* op, DType dtype, Device device) {
+    const int value = static_cast<int>(dtype);
+    if (value < 0 || value > 3) throw_error(op, ": dtype has the invalid value ", value);
+    if (device.is_cpu() && (dtype == DType::Float16 || dtype == DType::BFloat16))
+        throw_error(op, ": float16 and bfloat16 run on CUDA only; on the CPU use float32 or float64");
+}
+
 void require_cpu(const char* op, Device device) {
     if (!device.is_cpu())
         throw_error(op, ": convolution execution on ", device.str(),
@@ -131,6 +138,7 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
                               int64_t out_channels, DType dtype) const {
     constexpr const char* op = "ConvolutionPlan::forward";
     check_channels(op, in_channels, out_channels);
+    check_dtype(op, dtype, m_target.device());
     require_cpu(op, m_target.device());
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
@@ -144,6 +152,7 @@ void ConvolutionPlan::backward_input(const void* grad_output, const void* weight
                                      int64_t in_channels, int64_t out_channels, DType dtype) const {
     constexpr const char* op = "ConvolutionPlan::backward_input";
     check_channels(op, in_channels, out_channels);
+    check_dtype(op, dtype, m_target.device());
     require_cpu(op, m_target.device());
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
@@ -157,6 +166,7 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
                                       int64_t in_channels, int64_t out_channels, DType dtype) const {
     constexpr const char* op = "ConvolutionPlan::backward_weight";
     check_channels(op, in_channels, out_channels);
+    check_dtype(op, dtype, m_target.device());
     require_cpu(op, m_target.device());
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
