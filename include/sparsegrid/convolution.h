@@ -78,6 +78,16 @@ public:
     void backward_weight(const void* input, const void* grad_output, void* grad_weight, int64_t in_channels,
                          int64_t out_channels, DType dtype) const;
 
+    /// The same three executions ordered on `ctx.stream` with scratch memory from `ctx.allocator`
+    /// (ctx.device must be the plan's device); the overloads above use the target grid's context.
+    /// On CUDA they are asynchronous and never wait for the device.
+    void forward(const void* input, const void* weight, void* output, int64_t in_channels, int64_t out_channels,
+                 DType dtype, const Context& ctx) const;
+    void backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
+                        int64_t out_channels, DType dtype, const Context& ctx) const;
+    void backward_weight(const void* input, const void* grad_output, void* grad_weight, int64_t in_channels,
+                         int64_t out_channels, DType dtype, const Context& ctx) const;
+
 private:
     ConvolutionPlan() = default;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,

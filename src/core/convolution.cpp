@@ -4,8 +4,22 @@
 #include "core/backend.h"
 #include "core/checks.h"
 #include "cpu/convolution_cpu.h"
+#if defined(SPARSEGRID_WITH_CUDA)
+#include "cuda/convolution_cuda.h"
+#endif
 
 #include <mutex>
+
+// Execution on the context's device; both backends take the context (stream, allocator) as the last
+// argument.
+#if defined(SPARSEGRID_WITH_CUDA)
+#define SPARSEGRID_EXECUTE(op, ctx, call) \
+    ((ctx).device.is_cpu() ? ::sparsegrid::detail::cpu::call : ::sparsegrid::detail::cuda::call)
+#else
+#define SPARSEGRID_EXECUTE(op, ctx, call) \
+    ((ctx).device.is_cpu() ? ::sparsegrid::detail::cpu::call \
+                           : ::sparsegrid::detail::throw_backend_unavailable(op, (ctx).device))
+#endif
 
 namespace sparsegrid {
 
@@ -48,10 +62,13 @@ void check_dtype(const char* op, DType dtype, Device device) {
         throw_error(op, ": float16 and bfloat16 run on CUDA only; on the CPU use float32 or float64");
 }
 
-void require_cpu(const char* op, Device device) {
-    if (!device.is_cpu())
-        throw_error(op, ": convolution execution on ", device.str(),
-                    " is not implemented yet; only the CPU backend executes convolutions in this version");
+void check_execution(const char* op, int64_t in_channels, int64_t out_channels, DType dtype, const Context& ctx,
+                     Device plan_device) {
+    check_channels(op, in_channels, out_channels);
+    if (ctx.device != plan_device)
+        throw_error(op, ": the context's device ", ctx.device.str(), " differs from the plan's device ",
+                    plan_device.str());
+    check_dtype(op, dtype, plan_device);
 }
 
 }  // namespace
@@ -136,44 +153,60 @@ const KernelMap& ConvolutionPlan::source_map() const {
 
 void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
                               int64_t out_channels, DType dtype) const {
-    constexpr const char* op = "ConvolutionPlan::forward";
-    check_channels(op, in_channels, out_channels);
-    check_dtype(op, dtype, m_target.device());
-    require_cpu(op, m_target.device());
-    check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
-    check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
-    check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
-    const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
-    detail::cpu::map_convolution(map, m_target.num_voxels(), m_maps ? kernel_volume() : 1, input, weight, false,
-                                 output, in_channels, out_channels, dtype);
+    forward(input, weight, output, in_channels, out_channels, dtype, m_target.context());
 }
 
 void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
                                      int64_t in_channels, int64_t out_channels, DType dtype) const {
-    constexpr const char* op = "ConvolutionPlan::backward_input";
-    check_channels(op, in_channels, out_channels);
-    check_dtype(op, dtype, m_target.device());
-    require_cpu(op, m_target.device());
-    check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
-    check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
-    check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
-    const int32_t* map = m_maps ? source_map().neighbour_map().data() : nullptr;
-    detail::cpu::map_convolution(map, m_source.num_voxels(), m_maps ? kernel_volume() : 1, grad_output, weight,
-                                 true, grad_input, out_channels, in_channels, dtype);
+    backward_input(grad_output, weight, grad_input, in_channels, out_channels, dtype, m_target.context());
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
                                       int64_t in_channels, int64_t out_channels, DType dtype) const {
+    backward_weight(input, grad_output, grad_weight, in_channels, out_channels, dtype, m_target.context());
+}
+
+void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
+                              int64_t out_channels, DType dtype, const Context& ctx) const {
+    constexpr const char* op = "ConvolutionPlan::forward";
+    check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
+    check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
+    check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
+    check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
+    const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
+    const int32_t volume = m_maps ? kernel_volume() : 1;
+    SPARSEGRID_EXECUTE(op, ctx, map_convolution(map, m_target.num_voxels(), volume, input, weight, false, output,
+                                                in_channels, out_channels, dtype, ctx));
+}
+
+void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
+                                     int64_t in_channels, int64_t out_channels, DType dtype,
+                                     const Context& ctx) const {
+    constexpr const char* op = "ConvolutionPlan::backward_input";
+    check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
+    check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
+    check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
+    check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
+    const int32_t* map = m_maps ? source_map().neighbour_map().data() : nullptr;
+    const int32_t volume = m_maps ? kernel_volume() : 1;
+    SPARSEGRID_EXECUTE(op, ctx, map_convolution(map, m_source.num_voxels(), volume, grad_output, weight, true,
+                                                grad_input, out_channels, in_channels,
+                                                dtype, ctx));
+}
+
+void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
+                                      int64_t in_channels, int64_t out_channels, DType dtype,
+                                      const Context& ctx) const {
     constexpr const char* op = "ConvolutionPlan::backward_weight";
-    check_channels(op, in_channels, out_channels);
-    check_dtype(op, dtype, m_target.device());
-    require_cpu(op, m_target.device());
+    check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "grad_weight", grad_weight, out_channels, in_channels * kernel_volume());
     const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
-    detail::cpu::map_weight_gradient(map, m_target.num_voxels(), m_maps ? kernel_volume() : 1, input, grad_output,
-                                     grad_weight, in_channels, out_channels, dtype);
+    const int32_t volume = m_maps ? kernel_volume() : 1;
+    SPARSEGRID_EXECUTE(op, ctx, map_weight_gradient(map, m_target.num_voxels(), volume, input, grad_output,
+                                                    grad_weight, in_channels, out_channels,
+                                                    dtype, ctx));
 }
 
 }  // namespace sparsegrid

@@ -88,7 +88,8 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
 }  // namespace
 
 void map_convolution(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* weight,
-                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype) {
+                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
+                     const Context&) {
     if (dtype == DType::Float32)
         map_convolution_typed(map, rows, volume, static_cast<const float*>(x), static_cast<const float*>(weight),
                               transpose_weight, static_cast<float*>(out), x_channels, out_channels);
@@ -98,7 +99,8 @@ void map_convolution(const int32_t* map, int64_t rows, int32_t volume, const voi
 }
 
 void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* grad,
-                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype) {
+                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype,
+                         const Context&) {
     if (dtype == DType::Float32)
         map_weight_gradient_typed(map, rows, volume, static_cast<const float*>(x), static_cast<const float*>(grad),
                                   static_cast<float*>(grad_weight), in_channels, out_channels);

@@ -13,10 +13,12 @@ namespace sparsegrid::detail::cpu {
 /// x_channels columns (Cin, or Cout when transposed) and out out_channels (the other). A null map
 /// means the identity (volume 1, row r reads x[r]).
 void map_convolution(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* weight,
-                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype);
+                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
+                     const Context& ctx);  // ctx is unused on the CPU
 
 /// grad_weight[co, ci, t] = sum_r grad[r, co] * x[map[r][t], ci], summed over r in increasing order.
 void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* grad,
-                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype);
+                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype,
+                         const Context& ctx);  // ctx is unused on the CPU
 
 }  // namespace sparsegrid::detail::cpu

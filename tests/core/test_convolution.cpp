@@ -1,8 +1,8 @@
 // Convolution execution against a scatter-form oracle: every edge (fine f, coarse c, tap t) of the
 // literal relation f = S*c + tap - pb adds W[:, :, t] . x[source] into a per-coordinate accumulator,
 // read out at the target voxels. The library computes the same sums in gather form over its maps, so
-// the two share nothing but the definition. CPU only: the CUDA backend does not execute convolutions
-// yet (and says so, tested below).
+// the two share nothing but the definition. The CUDA backend is checked against the CPU one in
+// test_convolution_cuda.cpp.
 #include "oracle.h"
 #include "test_util.h"
 
@@ -173,8 +173,9 @@ TEST(Convolution, TransposedPlansMatchScatterOracle) {
             EXPECT_EQ(flipped.direction(), sparsegrid::MapDirection::Transposed);
             EXPECT_EQ(&flipped.source_grid().storage(), &forward.target_grid().storage());
             check_plan(flipped, rng);
-            if (!forward.is_identity())
+            if (!forward.is_identity()) {
                 EXPECT_TRUE(maps_equal(flipped.target_map(), forward.source_map()));
+            }
         }
     }
 }
@@ -253,14 +254,10 @@ TEST(Convolution, BadArgumentsRaise) {
                              "ConvolutionPlan::backward_weight", {"grad_weight"}));
     EXPECT_TRUE(throws_error([&] { ConvolutionPlan::make(grid, {3, 0, 3}, {1, 1, 1}); }, "ConvolutionPlan::make",
                              {"kernel_size"}));
-}
-
-TEST(Convolution, CudaExecutionIsReportedAsNotImplemented) {
-    if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-    const GridBatch grid = GridBatch::from_ijk({{{0, 0, 0}, {1, 0, 0}}}, {}, cuda_context());
-    const ConvolutionPlan plan = ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1});
-    EXPECT_TRUE(throws_error([&] { plan.forward(nullptr, nullptr, nullptr, 1, 1, DType::Float32); },
-                             "ConvolutionPlan::forward", {"not implemented"}));
+    EXPECT_TRUE(throws_error([&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::Float16); },
+                             "ConvolutionPlan::forward", {"float16", "CUDA only"}));
+    EXPECT_TRUE(throws_error([&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, static_cast<DType>(9)); },
+                             "ConvolutionPlan::forward", {"dtype", "9"}));
 }
 
 }  // namespace

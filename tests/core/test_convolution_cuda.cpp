@@ -1,0 +1,292 @@
+// CUDA convolution execution against the CPU backend (itself checked against the scatter oracle in
+// test_convolution.cpp): the same plans built on both devices, forward, input gradient and weight
+// gradient over random grids, every kernel/stride case, channel counts across the kernels' tile
+// sizes, and a batch of synthetic surfaces large enough for many blocks and row chunks. Also bitwise
+// determinism, float16/bfloat16 against float32, and the errors. Skipped without a CUDA device.
+#include "test_util.h"
+
+#include <sparsegrid/convolution.h>
+#include <sparsegrid/shapes.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+namespace sparsegrid_test {
+namespace {
+
+using sparsegrid::Buffer;
+using sparsegrid::ConvolutionPlan;
+using sparsegrid::DType;
+
+template <typename T>
+struct Results {
+    std::vector<T> y, gx, gw;
+};
+
+/// Forward, input gradient and weight gradient of `plan` on its device, from host values.
+template <typename T>
+Results<T> execute(const ConvolutionPlan& plan, const std::vector<T>& x, const std::vector<T>& w,
+                   const std::vector<T>& g, int64_t cin, int64_t cout, DType dtype) {
+    const sparsegrid::Context& ctx = plan.target_grid().context();
+    const Buffer<T> dx = Buffer<T>::from_host(x, ctx), dw = Buffer<T>::from_host(w, ctx),
+                    dg = Buffer<T>::from_host(g, ctx);
+    Buffer<T> y = Buffer<T>::allocate(plan.target_grid().num_voxels() * cout, ctx);
+    Buffer<T> gx = Buffer<T>::allocate(plan.source_grid().num_voxels() * cin, ctx);
+    Buffer<T> gw = Buffer<T>::allocate(static_cast<int64_t>(w.size()), ctx);
+    plan.forward(dx.data(), dw.data(), y.data(), cin, cout, dtype);
+    plan.backward_input(dg.data(), dw.data(), gx.data(), cin, cout, dtype);
+    plan.backward_weight(dx.data(), dg.data(), gw.data(), cin, cout, dtype);
+    return {y.to_host(ctx.stream), gx.to_host(ctx.stream), gw.to_host(ctx.stream)};
+}
+
+/// Multiples of 1/8 in [-2, 2]: exact in every dtype, so all dtypes see the same inputs.
+std::vector<double> random_eighths(Rng& rng, int64_t count) {
+    std::vector<double> v(static_cast<size_t>(count));
+    for (double& x : v) x = static_cast<double>(uniform_int(rng, -16, 16)) / 8.0;
+    return v;
+}
+
+template <typename T>
+std::vector<T> cast(const std::vector<double>& v) {
+    return std::vector<T>(v.begin(), v.end());
+}
+
+::testing::AssertionResult close(const std::vector<double>& actual, const std::vector<double>& expected,
+                                 double relative, const char* what) {
+    if (actual.size() != expected.size())
+        return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected " << expected.size();
+    double scale = 0.0;
+    for (double e : expected) scale = std::max(scale, std::abs(e));
+    for (size_t i = 0; i < actual.size(); ++i)
+        if (!(std::abs(actual[i] - expected[i]) <= relative * (std::abs(expected[i]) + scale + 1.0)))
+            return ::testing::AssertionFailure() << what << ": value " << i << " is " << actual[i] << ", expected "
+                                                 << expected[i];
+    return ::testing::AssertionSuccess();
+}
+
+template <typename T>
+std::vector<double> widen(const std::vector<T>& v) {
+    return std::vector<double>(v.begin(), v.end());
+}
+
+/// The plan rebuilt on the other grid pair: `make` receives the source grid (and target when given).
+struct PlanCase {
+    const char* name;
+    std::function<ConvolutionPlan(const GridBatch&, const GridBatch&)> make;
+};
+
+std::vector<PlanCase> plan_cases() {
+    std::vector<PlanCase> cases;
+    const std::vector<std::pair<Vec3i, Vec3i>> shapes{
+        {{3, 3, 3}, {1, 1, 1}}, {{2, 2, 2}, {2, 2, 2}}, {{3, 3, 3}, {2, 2, 2}}, {{3, 2, 5}, {1, 2, 3}},
+        {{4, 4, 4}, {4, 4, 4}}, {{2, 1, 3}, {3, 1, 2}}, {{5, 5, 5}, {1, 1, 1}},
+    };
+    for (const auto& [k, s] : shapes) {
+        cases.push_back({"forward", [k = k, s = s](const GridBatch& a, const GridBatch&) {
+                             return ConvolutionPlan::make(a, k, s);
+                         }});
+        cases.push_back({"transposed", [k = k, s = s](const GridBatch& a, const GridBatch&) {
+                             return ConvolutionPlan::make_transposed(a, k, s);
+                         }});
+    }
+    cases.push_back({"given target", [](const GridBatch& a, const GridBatch& b) {
+                         return ConvolutionPlan::make(a, b, {3, 2, 1}, {2, 1, 1});
+                     }});
+    cases.push_back({"transposed() of a strided plan", [](const GridBatch& a, const GridBatch&) {
+                         return ConvolutionPlan::make(a, {3, 3, 3}, {2, 2, 2}).transposed();
+                     }});
+    cases.push_back({"identity", [](const GridBatch& a, const GridBatch&) {
+                         return ConvolutionPlan::make(a, a, {1, 1, 1}, {1, 1, 1});
+                     }});
+    return cases;
+}
+
+std::vector<std::vector<Vec3i>> random_batch(uint64_t seed, int64_t batch_size) {
+    Rng rng(seed);
+    RandomBatchOptions options;
+    options.batch_size = batch_size;
+    options.max_blob_radius = 4;
+    return random_members(rng, options);
+}
+
+/// CUDA against CPU in float64 and float32 for one plan case and channel pair.
+void compare_backends(const PlanCase& plan_case, const std::vector<std::vector<Vec3i>>& members_a,
+                      const std::vector<std::vector<Vec3i>>& members_b, int64_t cin, int64_t cout, Rng& rng) {
+    const GridBatch cpu_a = GridBatch::from_ijk(members_a), cpu_b = GridBatch::from_ijk(members_b);
+    const GridBatch gpu_a = GridBatch::from_ijk(members_a, {}, cuda_context());
+    const GridBatch gpu_b = GridBatch::from_ijk(members_b, {}, cuda_context());
+    const ConvolutionPlan cpu_plan = plan_case.make(cpu_a, cpu_b);
+    const ConvolutionPlan gpu_plan = plan_case.make(gpu_a, gpu_b);
+    ASSERT_EQ(cpu_plan.target_grid().num_voxels(), gpu_plan.target_grid().num_voxels());
+    const int64_t volume = cpu_plan.kernel_volume();
+    const std::vector<double> x = random_eighths(rng, cpu_plan.source_grid().num_voxels() * cin);
+    const std::vector<double> w = random_eighths(rng, cout * cin * volume);
+    const std::vector<double> g = random_eighths(rng, cpu_plan.target_grid().num_voxels() * cout);
+
+    const Results<double> expected = execute(cpu_plan, x, w, g, cin, cout, DType::Float64);
+    const Results<double> actual = execute(gpu_plan, x, w, g, cin, cout, DType::Float64);
+    EXPECT_TRUE(close(actual.y, expected.y, 1e-13, "forward f64"));
+    EXPECT_TRUE(close(actual.gx, expected.gx, 1e-13, "backward_input f64"));
+    EXPECT_TRUE(close(actual.gw, expected.gw, 1e-13, "backward_weight f64"));
+
+    const Results<float> actual32 =
+        execute(gpu_plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout, DType::Float32);
+    EXPECT_TRUE(close(widen(actual32.y), expected.y, 1e-6, "forward f32"));
+    EXPECT_TRUE(close(widen(actual32.gx), expected.gx, 1e-6, "backward_input f32"));
+    EXPECT_TRUE(close(widen(actual32.gw), expected.gw, 1e-6, "backward_weight f32"));
+}
+
+// Round to nearest even, for the finite values of these tests.
+uint16_t half_bits(float value) {
+    uint32_t x = 0;
+    std::memcpy(&x, &value, 4);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const int32_t exponent = static_cast<int32_t>((x >> 23) & 0xffu) - 127 + 15;
+    uint32_t mantissa = x & 0x7fffffu;
+    if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+    if (exponent <= 0) {
+        if (exponent < -10) return static_cast<uint16_t>(sign);
+        mantissa |= 0x800000u;
+        const uint32_t shift = static_cast<uint32_t>(14 - exponent);
+        uint32_t half = mantissa >> shift;
+        const uint32_t rest = mantissa & ((1u << shift) - 1u), halfway = 1u << (shift - 1u);
+        if (rest > halfway || (rest == halfway && (half & 1u))) ++half;
+        return static_cast<uint16_t>(sign | half);
+    }
+    uint32_t half = sign | (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
+    const uint32_t rest = mantissa & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (half & 1u))) ++half;
+    return static_cast<uint16_t>(half);
+}
+
+float from_half_bits(uint16_t h) {
+    const int exponent = (h >> 10) & 0x1f;
+    const int mantissa = h & 0x3ff;
+    float value = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -24)
+                                : std::ldexp(static_cast<float>(mantissa + 1024), exponent - 25);
+    if (exponent == 31) value = INFINITY;
+    return (h & 0x8000) ? -value : value;
+}
+
+uint16_t bfloat_bits(float value) {
+    uint32_t x = 0;
+    std::memcpy(&x, &value, 4);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return static_cast<uint16_t>(x >> 16);
+}
+
+float from_bfloat_bits(uint16_t b) {
+    const uint32_t x = uint32_t{b} << 16;
+    float value = 0.0f;
+    std::memcpy(&value, &x, 4);
+    return value;
+}
+
+class ConvolutionCuda : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+    }
+};
+
+TEST_F(ConvolutionCuda, MatchesCpuForEveryPlanKind) {
+    const std::vector<std::pair<int64_t, int64_t>> channels{{1, 1}, {3, 17}, {40, 5}, {33, 70}};
+    int64_t seed = 100;
+    for (const PlanCase& plan_case : plan_cases())
+        for (const auto& [cin, cout] : channels) {
+            SCOPED_TRACE(::testing::Message() << plan_case.name << " cin " << cin << " cout " << cout);
+            Rng rng(static_cast<uint64_t>(++seed));
+            compare_backends(plan_case, random_batch(static_cast<uint64_t>(seed), 5),
+                             random_batch(static_cast<uint64_t>(seed) + 1000, 5), cin, cout, rng);
+        }
+}
+
+TEST_F(ConvolutionCuda, EmptyGridsAndMembers) {
+    Rng rng(7);
+    const PlanCase forward{"k3s2", [](const GridBatch& a, const GridBatch&) {
+                               return ConvolutionPlan::make(a, {3, 3, 3}, {2, 2, 2});
+                           }};
+    compare_backends(forward, {{}, {}, {}}, {{}, {}, {}}, 4, 6, rng);
+    compare_backends(forward, {{}, {{1, 2, 3}, {-4, 5, 6}}, {}}, {{}, {}, {}}, 4, 6, rng);
+}
+
+TEST_F(ConvolutionCuda, SyntheticSurfacesManyBlocksAndChunks) {
+    // ~70k voxels: many row tiles, and weight-gradient rows split over many chunks.
+    const auto members = sparsegrid::synthetic_surface_batch(8, 48, 3);
+    Rng rng(11);
+    const PlanCase k3s1{"k3s1", [](const GridBatch& a, const GridBatch&) {
+                            return ConvolutionPlan::make(a, {3, 3, 3}, {1, 1, 1});
+                        }};
+    const PlanCase k2s2{"k2s2 generative", [](const GridBatch& a, const GridBatch&) {
+                            return ConvolutionPlan::make_transposed(a, {2, 2, 2}, {2, 2, 2});
+                        }};
+    compare_backends(k3s1, members, members, 32, 32, rng);
+    compare_backends(k2s2, members, members, 16, 64, rng);
+}
+
+TEST_F(ConvolutionCuda, RepeatedRunsAreBitwiseIdentical) {
+    const auto members = sparsegrid::synthetic_surface_batch(4, 40, 5);
+    const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
+    const ConvolutionPlan plan = ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1});
+    Rng rng(3);
+    const int64_t cin = 24, cout = 48;
+    std::vector<float> x(static_cast<size_t>(grid.num_voxels() * cin)), w(static_cast<size_t>(cout * cin * 27)),
+        g(static_cast<size_t>(grid.num_voxels() * cout));
+    for (float& v : x) v = static_cast<float>(uniform_real(rng, -1, 1));
+    for (float& v : w) v = static_cast<float>(uniform_real(rng, -1, 1));
+    for (float& v : g) v = static_cast<float>(uniform_real(rng, -1, 1));
+    const Results<float> first = execute(plan, x, w, g, cin, cout, DType::Float32);
+    const Results<float> second = execute(plan, x, w, g, cin, cout, DType::Float32);
+    EXPECT_EQ(first.y, second.y);
+    EXPECT_EQ(first.gx, second.gx);
+    EXPECT_EQ(first.gw, second.gw);
+}
+
+TEST_F(ConvolutionCuda, HalfPrecisionAgreesWithFloat32) {
+    const auto members = random_batch(77, 4);
+    const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
+    Rng rng(77);
+    for (const ConvolutionPlan& plan : {ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1}),
+                                        ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2})}) {
+        const int64_t cin = 24, cout = 40, volume = plan.kernel_volume();
+        const std::vector<double> x = random_eighths(rng, plan.source_grid().num_voxels() * cin);
+        const std::vector<double> w = random_eighths(rng, cout * cin * volume);
+        const std::vector<double> g = random_eighths(rng, plan.target_grid().num_voxels() * cout);
+        const Results<float> reference =
+            execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout, DType::Float32);
+        for (const DType dtype : {DType::Float16, DType::BFloat16}) {
+            const bool half = dtype == DType::Float16;
+            auto encode = [&](const std::vector<double>& v) {
+                std::vector<uint16_t> out;
+                for (double d : v) out.push_back(half ? half_bits(static_cast<float>(d)) : bfloat_bits(static_cast<float>(d)));
+                return out;
+            };
+            auto decode = [&](const std::vector<uint16_t>& v) {
+                std::vector<double> out;
+                for (uint16_t b : v) out.push_back(half ? from_half_bits(b) : from_bfloat_bits(b));
+                return out;
+            };
+            const Results<uint16_t> low = execute(plan, encode(x), encode(w), encode(g), cin, cout, dtype);
+            // Inputs are exact in both formats and sums run in float32: only the final rounding differs.
+            const double tolerance = half ? 1.0 / 1024 : 1.0 / 128;
+            const char* name = half ? "float16" : "bfloat16";
+            EXPECT_TRUE(close(decode(low.y), widen(reference.y), tolerance, name));
+            EXPECT_TRUE(close(decode(low.gx), widen(reference.gx), tolerance, name));
+            EXPECT_TRUE(close(decode(low.gw), widen(reference.gw), tolerance, name));
+        }
+    }
+}
+
+TEST_F(ConvolutionCuda, ContextOnAnotherDeviceRaises) {
+    const GridBatch grid = GridBatch::from_ijk({{{0, 0, 0}, {1, 0, 0}}}, {}, cuda_context());
+    const ConvolutionPlan plan = ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1});
+    const sparsegrid::Context host;
+    EXPECT_TRUE(throws_error([&] { plan.forward(nullptr, nullptr, nullptr, 1, 1, DType::Float32, host); },
+                             "ConvolutionPlan::forward", {"context", "cpu", "cuda"}));
+}
+
+}  // namespace
+}  // namespace sparsegrid_test
