@@ -114,24 +114,6 @@ struct Workload {
     void* stream() const { return context.stream; }
 };
 
-std::vector<std::vector<Vec3i>> load_members(const BenchOptions& options, std::string& description) {
-    if (options.input_path.empty()) {
-        description = std::to_string(options.batch_size) + " synthetic surface shapes, resolution " +
-                      std::to_string(options.resolution) + ", seed " + std::to_string(options.seed);
-        return sparsegrid::synthetic_surface_batch(options.batch_size, options.resolution, options.seed);
-    }
-    std::vector<std::vector<Vec3i>> members = sparsegrid::read_voxel_batch(options.input_path);
-    const int64_t available = static_cast<int64_t>(members.size());
-    if (available == 0) throw sparsegrid::Error("bench: '" + options.input_path + "' holds no members");
-    const int64_t count = options.members < 0 ? available : options.members;
-    if (count < 1 || count > available)
-        throw UsageError("bench: --members must be in [1, " + std::to_string(available) + "] for '" +
-                         options.input_path + "', got " + std::to_string(count));
-    description = "first " + std::to_string(count) + " of " + std::to_string(available) + " members of " +
-                  options.input_path;
-    return sparsegrid::first_members(members, count);
-}
-
 /// All members in one, member m shifted along i past the previous ones (8 voxels apart), so the
 /// voxel count and every member's local structure stay the same.
 std::vector<std::vector<Vec3i>> side_by_side(const std::vector<std::vector<Vec3i>>& members) {
@@ -567,6 +549,25 @@ void configure_threads(int threads) {
 }
 
 }  // namespace
+
+std::vector<std::vector<sparsegrid::Vec3i>> load_members(const BenchOptions& options, std::string& description) {
+    if (options.input_path.empty()) {
+        description = std::to_string(options.batch_size) + " synthetic surface shapes, resolution " +
+                      std::to_string(options.resolution) + ", seed " + std::to_string(options.seed);
+        return sparsegrid::synthetic_surface_batch(options.batch_size, options.resolution, options.seed);
+    }
+    std::vector<std::vector<Vec3i>> members = sparsegrid::read_voxel_batch(options.input_path);
+    const int64_t available = static_cast<int64_t>(members.size());
+    if (available == 0) throw sparsegrid::Error("bench: '" + options.input_path + "' holds no members");
+    const int64_t count = options.members < 0 ? available : options.members;
+    if (count < 1 || count > available)
+        throw UsageError("bench: --members must be in [1, " + std::to_string(available) + "] for '" +
+                         options.input_path + "', got " + std::to_string(count));
+    description = "first " + std::to_string(count) + " of " + std::to_string(available) + " members of " +
+                  options.input_path;
+    return sparsegrid::first_members(members, count);
+}
+
 
 int run_bench(const BenchOptions& options, std::ostream& out) {
     if (options.device.is_cuda() && !sparsegrid::cuda_backend_available())

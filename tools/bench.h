@@ -2,12 +2,14 @@
 // to a naive single-threaded reference measured in the same run, and checks each result against it.
 #pragma once
 
+#include <sparsegrid/grid_batch.h>
 #include <sparsegrid/types.h>
 
 #include <cstdint>
 #include <iosfwd>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace sparsegrid_tool {
 
@@ -30,12 +32,22 @@ struct BenchOptions {
     std::string json_path;
     bool check = true;  ///< compare every result with the naive reference
     bool as_one_member = false;  ///< merge all members side by side into one member
+    std::vector<int64_t> channels{32, 64, 128};  ///< conv: channel counts (in = out)
+    std::string dtype = "float32";               ///< conv: float32, float64, float16 or bfloat16
 };
+
+/// The batch the options describe (synthetic, or the first members of the input file), and a
+/// one-line description of it.
+std::vector<std::vector<sparsegrid::Vec3i>> load_members(const BenchOptions& options, std::string& description);
 
 /// Runs the benchmark and prints its report to `out`. Throws UsageError for option values that turn
 /// out invalid only once the input is read (--members larger than the file), sparsegrid::Error on
 /// other failures (for example --device cuda without the CUDA backend). Returns the process exit
 /// code: 0, or 1 when a result differs from the naive reference.
 int run_bench(const BenchOptions& options, std::ostream& out);
+
+/// `sparsegrid conv`: times plan construction and the three executions of a k3s1 convolution and a
+/// generative k2s2 transposed convolution on the batch, per channel count. Returns 0.
+int run_conv_bench(const BenchOptions& options, std::ostream& out);
 
 }  // namespace sparsegrid_tool

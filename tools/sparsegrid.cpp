@@ -35,6 +35,7 @@ void print_usage(std::ostream& out) {
            "\n"
            "commands:\n"
            "  bench      time the topology operations and kernel maps on a batch of voxel grids\n"
+           "  conv       time convolution plans and executions (k3s1, generative k2s2) on a batch\n"
            "  info       per-member voxel counts and bounding boxes of a voxel batch file\n"
            "  generate   write a synthetic batch of surface voxels to a voxel batch file\n"
            "  help       print this message\n"
@@ -54,6 +55,11 @@ void print_usage(std::ostream& out) {
            "  --no-check         do not compare the results with the naive reference\n"
            "  --as-one-member    place all members side by side (along i) in one member: the same voxels\n"
            "                     and work, to measure what a batch costs over one large grid\n"
+           "\n"
+           "sparsegrid conv [options]\n"
+           "  the batch, --repeats, --warmup, --device and --threads options of bench, and\n"
+           "  --channels C,...   channel counts, in = out (default 32,64,128)\n"
+           "  --dtype T          float32 (default), float64, float16 or bfloat16 (16-bit: CUDA only)\n"
            "\n"
            "sparsegrid info FILE\n"
            "sparsegrid generate --output FILE [--batch B] [--resolution R] [--seed S]\n"
@@ -142,8 +148,8 @@ void check_batch_source(const OptionReader& reader, const BenchOptions& options,
     if (options.input_path.empty() && options.members >= 0) reader.fail("--members needs --input");
 }
 
-BenchOptions parse_bench_options(const std::vector<std::string>& args) {
-    OptionReader reader("bench", args);
+BenchOptions parse_bench_options(const std::string& command, const std::vector<std::string>& args) {
+    OptionReader reader(command, args);
     BenchOptions options;
     bool synthetic_option_given = false;
     while (const auto option = reader.next()) {
@@ -173,6 +179,24 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
         } else if (*option == "--as-one-member") {
             reader.expect_no_value();
             options.as_one_member = true;
+        } else if (command == "conv" && *option == "--channels") {
+            options.channels.clear();
+            const std::string text = reader.value();
+            std::size_t start = 0;
+            while (start <= text.size()) {
+                const std::size_t comma = std::min(text.find(',', start), text.size());
+                const std::string item = text.substr(start, comma - start);
+                int64_t value = 0;
+                const auto [end, status] = std::from_chars(item.data(), item.data() + item.size(), value);
+                if (item.empty() || status != std::errc() || end != item.data() + item.size() || value < 1 ||
+                    value > 4096)
+                    reader.fail("--channels must be a comma-separated list of integers in [1, 4096], got '" + text +
+                                "'");
+                options.channels.push_back(value);
+                start = comma + 1;
+            }
+        } else if (command == "conv" && *option == "--dtype") {
+            options.dtype = reader.value();
         } else if (*option == "--no-check") {
             reader.expect_no_value();
             options.check = false;
@@ -278,12 +302,13 @@ int run_command(const std::vector<std::string>& args) {
                   << sparsegrid::cuda_device_count() << " devices)\n";
         return kExitSuccess;
     }
-    const bool is_command = command == "bench" || command == "info" || command == "generate";
+    const bool is_command = command == "bench" || command == "conv" || command == "info" || command == "generate";
     if (is_command && std::any_of(rest.begin(), rest.end(), is_help_flag)) {
         print_usage(std::cout);
         return kExitSuccess;
     }
-    if (command == "bench") return run_bench(parse_bench_options(rest), std::cout);
+    if (command == "bench") return run_bench(parse_bench_options(command, rest), std::cout);
+    if (command == "conv") return run_conv_bench(parse_bench_options(command, rest), std::cout);
     if (command == "info") return run_info(rest);
     if (command == "generate") return run_generate(rest);
     throw UsageError("unknown command '" + command + "'");

@@ -67,6 +67,11 @@ public:
     /// Neighbour map with rows = source voxels (the transpose of target_map()).
     const KernelMap& source_map() const;
 
+    /// Builds now what executions otherwise build on first use: the source-rows map and, on CUDA, the
+    /// execution order of both maps (on the target grid's stream, or `ctx`'s). Optional.
+    void prepare() const;
+    void prepare(const Context& ctx) const;
+
     /// output[num_target, out_channels] = the convolution of input[num_source, in_channels] with
     /// weight[out_channels, in_channels, K0, K1, K2]. Buffers on the plan's device; output is overwritten.
     void forward(const void* input, const void* weight, void* output, int64_t in_channels, int64_t out_channels,
@@ -90,6 +95,10 @@ public:
 
 private:
     ConvolutionPlan() = default;
+    /// Output-stationary execution over the map of slot `slot` of the shared maps (rows = `rows`).
+    void execute_map(const char* op, int slot, int64_t rows, const void* x, const void* weight,
+                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
+                     const Context& ctx) const;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
                                     MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
 

@@ -10,17 +10,6 @@
 
 #include <mutex>
 
-// Execution on the context's device; both backends take the context (stream, allocator) as the last
-// argument.
-#if defined(SPARSEGRID_WITH_CUDA)
-#define SPARSEGRID_EXECUTE(op, ctx, call) \
-    ((ctx).device.is_cpu() ? ::sparsegrid::detail::cpu::call : ::sparsegrid::detail::cuda::call)
-#else
-#define SPARSEGRID_EXECUTE(op, ctx, call) \
-    ((ctx).device.is_cpu() ? ::sparsegrid::detail::cpu::call \
-                           : ::sparsegrid::detail::throw_backend_unavailable(op, (ctx).device))
-#endif
-
 namespace sparsegrid {
 
 using detail::throw_error;
@@ -39,6 +28,19 @@ struct PlanMaps {
         std::call_once(source_built, [this] { rows_of_source = rows_of_target.transposed(); });
         return rows_of_source;
     }
+
+#if defined(SPARSEGRID_WITH_CUDA)
+    /// The CUDA row order of a slot's map (see cuda::row_order), built on first use on `ctx`'s stream.
+    const int32_t* row_order(int index, const Context& ctx) const {
+        std::call_once(order_built[index], [&] {
+            const KernelMap& map = slot(index);
+            order[index] = cuda::row_order(map.neighbour_map().data(), map.num_target(), map.kernel_volume(), ctx);
+        });
+        return order[index].data();
+    }
+    mutable std::once_flag order_built[2];
+    mutable Buffer<int32_t> order[2];
+#endif
 };
 
 }  // namespace detail
@@ -166,6 +168,42 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
     backward_weight(input, grad_output, grad_weight, in_channels, out_channels, dtype, m_target.context());
 }
 
+void ConvolutionPlan::prepare() const { prepare(m_target.context()); }
+
+void ConvolutionPlan::prepare(const Context& ctx) const {
+    if (ctx.device != m_target.device())
+        throw_error("ConvolutionPlan::prepare: the context's device ", ctx.device.str(),
+                    " differs from the plan's device ", m_target.device().str());
+    if (!m_maps) return;
+    m_maps->slot(1);
+#if defined(SPARSEGRID_WITH_CUDA)
+    if (!ctx.device.is_cpu()) {
+        m_maps->row_order(0, ctx);
+        m_maps->row_order(1, ctx);
+    }
+#endif
+}
+
+void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, const void* x, const void* weight,
+                                  bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
+                                  DType dtype, const Context& ctx) const {
+    const int32_t* map = m_maps ? m_maps->slot(slot).neighbour_map().data() : nullptr;
+    const int32_t volume = m_maps ? kernel_volume() : 1;
+    if (ctx.device.is_cpu()) {
+        detail::cpu::map_convolution(map, rows, volume, x, weight, transpose_weight, out, x_channels, out_channels,
+                                     dtype, ctx);
+        return;
+    }
+#if defined(SPARSEGRID_WITH_CUDA)
+    (void)op;
+    const int32_t* order = m_maps ? m_maps->row_order(slot, ctx) : nullptr;
+    detail::cuda::map_convolution(map, order, rows, volume, x, weight, transpose_weight, out, x_channels,
+                                  out_channels, dtype, ctx);
+#else
+    detail::throw_backend_unavailable(op, ctx.device);
+#endif
+}
+
 void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
                               int64_t out_channels, DType dtype, const Context& ctx) const {
     constexpr const char* op = "ConvolutionPlan::forward";
@@ -173,10 +211,8 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
-    const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
-    const int32_t volume = m_maps ? kernel_volume() : 1;
-    SPARSEGRID_EXECUTE(op, ctx, map_convolution(map, m_target.num_voxels(), volume, input, weight, false, output,
-                                                in_channels, out_channels, dtype, ctx));
+    execute_map(op, m_flipped ? 1 : 0, m_target.num_voxels(), input, weight, false, output, in_channels,
+                out_channels, dtype, ctx);
 }
 
 void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
@@ -187,11 +223,8 @@ void ConvolutionPlan::backward_input(const void* grad_output, const void* weight
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
-    const int32_t* map = m_maps ? source_map().neighbour_map().data() : nullptr;
-    const int32_t volume = m_maps ? kernel_volume() : 1;
-    SPARSEGRID_EXECUTE(op, ctx, map_convolution(map, m_source.num_voxels(), volume, grad_output, weight, true,
-                                                grad_input, out_channels, in_channels,
-                                                dtype, ctx));
+    execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), grad_output, weight, true, grad_input, out_channels,
+                in_channels, dtype, ctx);
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
@@ -204,9 +237,17 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
     check_pointer(op, "grad_weight", grad_weight, out_channels, in_channels * kernel_volume());
     const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
     const int32_t volume = m_maps ? kernel_volume() : 1;
-    SPARSEGRID_EXECUTE(op, ctx, map_weight_gradient(map, m_target.num_voxels(), volume, input, grad_output,
-                                                    grad_weight, in_channels, out_channels,
-                                                    dtype, ctx));
+    if (ctx.device.is_cpu()) {
+        detail::cpu::map_weight_gradient(map, m_target.num_voxels(), volume, input, grad_output, grad_weight,
+                                         in_channels, out_channels, dtype, ctx);
+        return;
+    }
+#if defined(SPARSEGRID_WITH_CUDA)
+    detail::cuda::map_weight_gradient(map, m_target.num_voxels(), volume, input, grad_output, grad_weight,
+                                      in_channels, out_channels, dtype, ctx);
+#else
+    detail::throw_backend_unavailable(op, ctx.device);
+#endif
 }
 
 }  // namespace sparsegrid

@@ -4,6 +4,9 @@
 // output channels; for each tap it loads the rows' source indices, skips the tap when no row of the
 // block has an edge there, and multiplies the gathered input rows by the tap's packed weights through
 // shared-memory tiles. Every output element is summed by one thread in the order (tap, channel).
+// Rows are taken in an order sorted by their set of taps (row_order, computed once per map), so the
+// rows of a block share their taps and few taps are multiplied by zeros: e.g. every fine row of a
+// generative k2s2 map has exactly one tap, and without the order each block would touch all eight.
 //
 // Weight gradient: per tap, a GEMM over the rows that have an edge at that tap. Rows are split into a
 // shape-determined number of chunks; each block compacts its chunk's edges (block scan, order kept),
@@ -14,10 +17,13 @@
 #include "cuda/cuda_common.cuh"
 
 #include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <mma.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace sparsegrid::detail::cuda {
 
@@ -81,7 +87,8 @@ __global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__
 
 /// out[r, n] = sum_t sum_k x[map[r][t], k] * packed[t][k][n]; 256 threads, 4 x 4 outputs each.
 template <typename T, typename A, int BM, int BN, int BK>
-__global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* __restrict__ map, int64_t rows,
+__global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* __restrict__ map,
+                                                               const int32_t* __restrict__ order, int64_t rows,
                                                                int32_t volume, const T* __restrict__ x,
                                                                const A* __restrict__ packed, T* __restrict__ out,
                                                                int32_t x_channels, int32_t y_channels) {
@@ -92,12 +99,18 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
     __shared__ A a_tile[BK][BM + 4];
     __shared__ A b_tile[BK][BN];
     __shared__ int32_t source[BM];
+    __shared__ int64_t row_of[BM];  // the block's rows: positions row0.. of `order`, -1 past the end
 
     const int tid = static_cast<int>(threadIdx.x);
     const int ty = tid / kColumns;
     const int tx = tid % kColumns;
     const int64_t row0 = int64_t{blockIdx.x} * BM;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
+    for (int i = tid; i < BM; i += kConvThreads) {
+        const int64_t p = row0 + i;
+        row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
+    }
+    __syncthreads();
 
     A acc[TM][TN];
 #pragma unroll
@@ -108,9 +121,9 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
     for (int32_t t = 0; t < volume; ++t) {
         int any = 0;
         for (int i = tid; i < BM; i += kConvThreads) {
-            const int64_t r = row0 + i;
+            const int64_t r = row_of[i];
             int32_t s = -1;
-            if (r < rows) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            if (r >= 0) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
             source[i] = s;
             any |= s >= 0;
         }
@@ -150,14 +163,143 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
 
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        const int64_t r = row0 + ty * TM + i;
-        if (r >= rows) continue;
+        const int64_t r = row_of[ty * TM + i];
+        if (r < 0) continue;
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
             const int n = n0 + tx * TN + j;
             if (n < y_channels) out[r * y_channels + n] = from_acc<T>(acc[i][j]);
         }
     }
+}
+
+/// Tensor-core variant of map_conv_kernel for float16 / bfloat16 (float32 accumulation): 4 warps, a
+/// 64 x 64 output tile, each warp a 32 x 32 quarter of 16 x 16 x 16 fragments. Same row order, tap
+/// skipping and summation order per element (tap, then channel blocks of 32) on every run.
+template <typename T>
+__global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __restrict__ map,
+                                                             const int32_t* __restrict__ order, int64_t rows,
+                                                             int32_t volume, const T* __restrict__ x,
+                                                             const T* __restrict__ packed, T* __restrict__ out,
+                                                             int32_t x_channels, int32_t y_channels,
+                                                             bool vector_x, bool vector_w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // never launched there: tensor_cores_available() is false below compute capability 8.0
+#else
+    using namespace nvcuda;
+    constexpr int BM = 64, BN = 64, BK = 32;
+    constexpr int kLda = BK + 8, kLdb = BN + 8, kLdc = BN + 4;
+    __shared__ __align__(32) T a_tile[BM * kLda];
+    __shared__ __align__(32) T b_tile[BK * kLdb];
+    __shared__ __align__(32) float c_tile[BM * kLdc];
+    __shared__ int32_t source[BM];
+    __shared__ int64_t row_of[BM];
+
+    const int tid = static_cast<int>(threadIdx.x);
+    const int warp = tid / 32;
+    const int warp_m = (warp / 2) * 32;
+    const int warp_n = (warp % 2) * 32;
+    const int64_t row0 = int64_t{blockIdx.x} * BM;
+    const int n0 = static_cast<int>(blockIdx.y) * BN;
+    for (int i = tid; i < BM; i += 128) {
+        const int64_t p = row0 + i;
+        row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
+    }
+    __syncthreads();
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    const T zero = from_acc<T>(0.0f);
+
+    for (int32_t t = 0; t < volume; ++t) {
+        int any = 0;
+        for (int i = tid; i < BM; i += 128) {
+            const int64_t r = row_of[i];
+            int32_t s = -1;
+            if (r >= 0) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            source[i] = s;
+            any |= s >= 0;
+        }
+        if (!__syncthreads_or(any)) continue;
+        const T* w = packed + int64_t{t} * x_channels * y_channels;
+        for (int k0 = 0; k0 < x_channels; k0 += BK) {
+            if (vector_x) {
+                for (int idx = tid; idx < BM * (BK / 8); idx += 128) {
+                    const int m = idx / (BK / 8);
+                    const int kk = (idx % (BK / 8)) * 8;
+                    const int32_t s = source[m];
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (s >= 0 && k0 + kk < x_channels)
+                        v = *reinterpret_cast<const uint4*>(x + int64_t{s} * x_channels + k0 + kk);
+                    *reinterpret_cast<uint4*>(a_tile + m * kLda + kk) = v;
+                }
+            } else {
+                for (int idx = tid; idx < BM * BK; idx += 128) {
+                    const int m = idx / BK;
+                    const int kk = idx % BK;
+                    const int32_t s = source[m];
+                    a_tile[m * kLda + kk] =
+                        (s >= 0 && k0 + kk < x_channels) ? x[int64_t{s} * x_channels + k0 + kk] : zero;
+                }
+            }
+            if (vector_w) {
+                for (int idx = tid; idx < BK * (BN / 8); idx += 128) {
+                    const int kk = idx / (BN / 8);
+                    const int n = (idx % (BN / 8)) * 8;
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (k0 + kk < x_channels && n0 + n < y_channels)
+                        v = *reinterpret_cast<const uint4*>(w + int64_t{k0 + kk} * y_channels + n0 + n);
+                    *reinterpret_cast<uint4*>(b_tile + kk * kLdb + n) = v;
+                }
+            } else {
+                for (int idx = tid; idx < BK * BN; idx += 128) {
+                    const int kk = idx / BN;
+                    const int n = idx % BN;
+                    b_tile[kk * kLdb + n] = (k0 + kk < x_channels && n0 + n < y_channels)
+                                                ? w[int64_t{k0 + kk} * y_channels + n0 + n] : zero;
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], a_tile + (warp_m + 16 * i) * kLda + kk, kLda);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], b_tile + kk * kLdb + warp_n + 16 * j, kLdb);
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(c_tile + (warp_m + 16 * i) * kLdc + warp_n + 16 * j, acc[i][j], kLdc,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    for (int idx = tid; idx < BM * BN; idx += 128) {
+        const int m = idx / BN;
+        const int n = idx % BN;
+        const int64_t r = row_of[m];
+        if (r >= 0 && n0 + n < y_channels) out[r * y_channels + n0 + n] = from_acc<T>(c_tile[m * kLdc + n]);
+    }
+#endif
+}
+
+/// Whether the context's device has bfloat16/float16 tensor cores usable by wmma (compute capability 8.0+).
+bool tensor_cores_available(const Context& ctx) {
+    int major = 0;
+    SPARSEGRID_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.index));
+    return major >= 8;
 }
 
 constexpr int kGradTile = 32;
@@ -271,12 +413,12 @@ __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t
 }
 
 template <typename T, typename A, int BM, int BN>
-void launch_map_conv(const int32_t* map, int64_t rows, int32_t volume, const T* x, const A* packed, T* out,
-                     int32_t x_channels, int32_t y_channels, cudaStream_t stream) {
+void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
+                     const A* packed, T* out, int32_t x_channels, int32_t y_channels, cudaStream_t stream) {
     constexpr int BK = sizeof(A) == 8 ? 8 : 16;
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
-    map_conv_kernel<T, A, BM, BN, BK><<<grid, kConvThreads, 0, stream>>>(map, rows, volume, x, packed, out,
-                                                                         x_channels, y_channels);
+    map_conv_kernel<T, A, BM, BN, BK><<<grid, kConvThreads, 0, stream>>>(map, order, rows, volume, x, packed,
+                                                                         out, x_channels, y_channels);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -290,8 +432,8 @@ void check_sizes(const char* op, int64_t rows, int32_t volume, int64_t x_channel
 }
 
 template <typename T>
-void map_convolution_typed(const int32_t* map, int64_t rows, int32_t volume, const T* x, const T* weight,
-                           bool transpose_weight, T* out, int64_t x_channels, int64_t y_channels,
+void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
+                           const T* weight, bool transpose_weight, T* out, int64_t x_channels, int64_t y_channels,
                            const Context& ctx) {
     using A = typename AccumulatorOf<T>::type;
     check_sizes("ConvolutionPlan (CUDA)", rows, volume, x_channels, y_channels);
@@ -299,15 +441,34 @@ void map_convolution_typed(const int32_t* map, int64_t rows, int32_t volume, con
     const cudaStream_t stream = stream_of(ctx);
     const int64_t in_channels = transpose_weight ? y_channels : x_channels;
     const int64_t out_channels = transpose_weight ? x_channels : y_channels;
+    constexpr bool kSixteenBit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+    if constexpr (kSixteenBit) {
+        if (tensor_cores_available(ctx)) {
+            // Tensor cores: weights packed in T, float32 accumulators.
+            Buffer<T> packed = Buffer<T>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
+            pack_weight_kernel<T, T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
+                weight, packed.data(), volume, in_channels, out_channels, transpose_weight);
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            // 16-byte loads where rows of x and of the packed weights start 16-byte aligned.
+            const bool vector_x = x_channels % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+            const bool vector_w = y_channels % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data()) % 16 == 0;
+            const dim3 grid(static_cast<unsigned>((rows + 63) / 64), static_cast<unsigned>((y_channels + 63) / 64));
+            map_conv_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(), out,
+                                                                static_cast<int32_t>(x_channels),
+                                                                static_cast<int32_t>(y_channels), vector_x, vector_w);
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            return;
+        }
+    }
     Buffer<A> packed = Buffer<A>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
     pack_weight_kernel<T, A><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
         weight, packed.data(), volume, in_channels, out_channels, transpose_weight);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);
-    if (yc <= 16) launch_map_conv<T, A, 256, 16>(map, rows, volume, x, packed.data(), out, xc, yc, stream);
-    else if (yc <= 32) launch_map_conv<T, A, 128, 32>(map, rows, volume, x, packed.data(), out, xc, yc, stream);
-    else launch_map_conv<T, A, 64, 64>(map, rows, volume, x, packed.data(), out, xc, yc, stream);
+    if (yc <= 16) launch_map_conv<T, A, 256, 16>(map, order, rows, volume, x, packed.data(), out, xc, yc, stream);
+    else if (yc <= 32) launch_map_conv<T, A, 128, 32>(map, order, rows, volume, x, packed.data(), out, xc, yc, stream);
+    else launch_map_conv<T, A, 64, 64>(map, order, rows, volume, x, packed.data(), out, xc, yc, stream);
 }
 
 /// Chunks of rows for the weight gradient: enough blocks to fill a large GPU, at least 1024 rows per
@@ -356,26 +517,64 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
+/// keys[r] = the set of taps at which row r has an edge (bit t for tap t); index[r] = r.
+template <typename Key>
+__global__ void row_mask_kernel(const int32_t* __restrict__ map, int64_t rows, int32_t volume, Key* __restrict__ keys,
+                                int32_t* __restrict__ index) {
+    SG_GRID_STRIDE_LOOP(r, rows) {
+        Key mask = 0;
+        for (int32_t t = 0; t < volume; ++t)
+            if (map[r * volume + t] >= 0) mask |= Key{1} << t;
+        keys[r] = mask;
+        index[r] = static_cast<int32_t>(r);
+    }
+}
+
+template <typename Key>
+Buffer<int32_t> row_order_typed(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
+    const cudaStream_t stream = stream_of(ctx);
+    Buffer<Key> keys = Buffer<Key>::allocate(rows, ctx), sorted_keys = Buffer<Key>::allocate(rows, ctx);
+    Buffer<int32_t> index = Buffer<int32_t>::allocate(rows, ctx), order = Buffer<int32_t>::allocate(rows, ctx);
+    row_mask_kernel<Key><<<blocks_for(rows), kThreads, 0, stream>>>(map, rows, volume, keys.data(), index.data());
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    const int n = static_cast<int>(rows);
+    TempStorage temp;
+    SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp.bytes, keys.data(), sorted_keys.data(),
+                                                          index.data(), order.data(), n, 0, volume, stream));
+    temp.ensure(ctx);
+    SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.data(), temp.bytes, keys.data(), sorted_keys.data(),
+                                                          index.data(), order.data(), n, 0, volume, stream));
+    return order;
+}
+
 }  // namespace
 
-void map_convolution(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* weight,
-                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
-                     const Context& ctx) {
+Buffer<int32_t> row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
+    if (map == nullptr || rows == 0 || volume <= 1 || volume > 64 || rows > INT32_MAX) return {};
+    DeviceGuard guard(ctx);
+    return volume <= 32 ? row_order_typed<uint32_t>(map, rows, volume, ctx)
+                        : row_order_typed<uint64_t>(map, rows, volume, ctx);
+}
+
+void map_convolution(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
+                     const void* weight, bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
+                     DType dtype, const Context& ctx) {
     DeviceGuard guard(ctx);
     switch (dtype) {
     case DType::Float32:
-        return map_convolution_typed(map, rows, volume, static_cast<const float*>(x), static_cast<const float*>(weight),
+        return map_convolution_typed(map, order, rows, volume, static_cast<const float*>(x),
+                                     static_cast<const float*>(weight),
                                      transpose_weight, static_cast<float*>(out), x_channels, out_channels, ctx);
     case DType::Float64:
-        return map_convolution_typed(map, rows, volume, static_cast<const double*>(x),
+        return map_convolution_typed(map, order, rows, volume, static_cast<const double*>(x),
                                      static_cast<const double*>(weight), transpose_weight, static_cast<double*>(out),
                                      x_channels, out_channels, ctx);
     case DType::Float16:
-        return map_convolution_typed(map, rows, volume, static_cast<const __half*>(x),
+        return map_convolution_typed(map, order, rows, volume, static_cast<const __half*>(x),
                                      static_cast<const __half*>(weight), transpose_weight, static_cast<__half*>(out),
                                      x_channels, out_channels, ctx);
     case DType::BFloat16:
-        return map_convolution_typed(map, rows, volume, static_cast<const __nv_bfloat16*>(x),
+        return map_convolution_typed(map, order, rows, volume, static_cast<const __nv_bfloat16*>(x),
                                      static_cast<const __nv_bfloat16*>(weight), transpose_weight,
                                      static_cast<__nv_bfloat16*>(out), x_channels, out_channels, ctx);
     }

@@ -57,7 +57,8 @@ std::vector<T> cast(const std::vector<double>& v) {
 ::testing::AssertionResult close(const std::vector<double>& actual, const std::vector<double>& expected,
                                  double relative, const char* what) {
     if (actual.size() != expected.size())
-        return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected " << expected.size();
+        return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected "
+                                             << expected.size();
     double scale = 0.0;
     for (double e : expected) scale = std::max(scale, std::abs(e));
     for (size_t i = 0; i < actual.size(); ++i)
@@ -261,7 +262,10 @@ TEST_F(ConvolutionCuda, HalfPrecisionAgreesWithFloat32) {
             const bool half = dtype == DType::Float16;
             auto encode = [&](const std::vector<double>& v) {
                 std::vector<uint16_t> out;
-                for (double d : v) out.push_back(half ? half_bits(static_cast<float>(d)) : bfloat_bits(static_cast<float>(d)));
+                for (double d : v) {
+                    const float f = static_cast<float>(d);
+                    out.push_back(half ? half_bits(f) : bfloat_bits(f));
+                }
                 return out;
             };
             auto decode = [&](const std::vector<uint16_t>& v) {

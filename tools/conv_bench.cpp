@@ -1,0 +1,155 @@
+// `sparsegrid conv`: the convolution kernels on their own, without a framework around them. For a k3s1
+// convolution on the batch's grid and the generative k2s2 transposed convolution from it, per channel
+// count (in = out = C): plan construction (maps and execution order), forward, input gradient and
+// weight gradient, median of the timed runs on the device's stream. FLOP counts are those of the
+// edges (2 * edges * C * C per execution), so rates compare with a dense GEMM of the same work.
+#include "bench.h"
+
+#include <sparsegrid/convolution.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <ostream>
+#include <random>
+
+namespace sparsegrid_tool {
+
+namespace {
+
+using sparsegrid::Buffer;
+using sparsegrid::Context;
+using sparsegrid::ConvolutionPlan;
+using sparsegrid::DType;
+using sparsegrid::GridBatch;
+
+double median_ms(const Context& context, int warmup, int repeats, const std::function<void()>& run_once) {
+    for (int i = 0; i < warmup; ++i) run_once();
+    sparsegrid::synchronize(context);
+    sparsegrid::StreamTimer timer(context);
+    std::vector<double> samples;
+    for (int i = 0; i < repeats; ++i) {
+        timer.start();
+        run_once();
+        samples.push_back(timer.stop_ms());
+    }
+    std::sort(samples.begin(), samples.end());
+    const std::size_t n = samples.size();
+    return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+DType parse_dtype(const std::string& name) {
+    if (name == "float32") return DType::Float32;
+    if (name == "float64") return DType::Float64;
+    if (name == "float16") return DType::Float16;
+    if (name == "bfloat16") return DType::BFloat16;
+    throw UsageError("conv: --dtype must be float32, float64, float16 or bfloat16, got '" + name + "'");
+}
+
+/// `count` elements of `dtype` with values in [-1, 1] on the context's device.
+Buffer<uint8_t> random_values(int64_t count, DType dtype, const Context& context, std::mt19937_64& rng) {
+    const int64_t size = sparsegrid::dtype_size(dtype);
+    std::vector<uint8_t> host(static_cast<std::size_t>(count * size));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (int64_t i = 0; i < count; ++i) {
+        const float value = uniform(rng);
+        uint8_t* dst = host.data() + i * size;
+        if (dtype == DType::Float64) {
+            const double wide = value;
+            std::memcpy(dst, &wide, 8);
+        } else if (dtype == DType::Float32) {
+            std::memcpy(dst, &value, 4);
+        } else {
+            // Values are multiples of 1/8 written exactly in either 16-bit format.
+            const float rounded = static_cast<float>(static_cast<int>(value * 8.0f)) / 8.0f;
+            uint32_t bits = 0;
+            std::memcpy(&bits, &rounded, 4);
+            uint16_t half = 0;
+            if (dtype == DType::BFloat16) {
+                half = static_cast<uint16_t>(bits >> 16);
+            } else if (rounded != 0.0f) {
+                const uint32_t sign = (bits >> 16) & 0x8000u;
+                const uint32_t exponent = ((bits >> 23) & 0xffu) - 127u + 15u;
+                half = static_cast<uint16_t>(sign | (exponent << 10) | ((bits & 0x7fffffu) >> 13));
+            }
+            std::memcpy(dst, &half, 2);
+        }
+    }
+    return Buffer<uint8_t>::from_host(host, context);
+}
+
+struct Layer {
+    std::string name;
+    std::function<ConvolutionPlan(const GridBatch&)> make;
+};
+
+std::string fixed(double value, int digits) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.*f", digits, value);
+    return text;
+}
+
+}  // namespace
+
+int run_conv_bench(const BenchOptions& options, std::ostream& out) {
+    std::string description;
+    const std::vector<std::vector<sparsegrid::Vec3i>> members = load_members(options, description);
+    Context context;
+    context.device = options.device;
+    if (options.threads > 0) sparsegrid::set_cpu_threads(options.threads);
+    const DType dtype = parse_dtype(options.dtype);
+    if (context.device.is_cpu() && (dtype == DType::Float16 || dtype == DType::BFloat16))
+        throw UsageError("conv: --dtype " + options.dtype + " runs on CUDA only; use --device cuda");
+    const GridBatch grid = GridBatch::from_ijk(members, {}, context);
+    const std::vector<Layer> layers{
+        {"k3s1", [](const GridBatch& g) { return ConvolutionPlan::make(g, {3, 3, 3}, {1, 1, 1}); }},
+        {"k2s2 generative transposed",
+         [](const GridBatch& g) { return ConvolutionPlan::make_transposed(g, {2, 2, 2}, {2, 2, 2}); }},
+    };
+    out << "batch:    " << description << ", " << grid.num_voxels() << " voxels\n"
+        << "device:   " << context.device.str() << ", " << options.dtype << "\n"
+        << "timing:   median of " << options.repeats << " runs after " << options.warmup
+        << " warm-up runs; plan = maps + execution order\n\n";
+    out << "| layer | C | target rows | edges | plan ms | forward ms | input grad ms | weight grad ms | "
+           "fwd+bwd ms | forward TFLOP/s | fwd+bwd TFLOP/s |\n"
+        << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    std::mt19937_64 rng(options.seed);
+    for (const Layer& layer : layers) {
+        const double plan_ms = median_ms(context, options.warmup, options.repeats, [&] {
+            const ConvolutionPlan plan = layer.make(grid);
+            plan.prepare();
+        });
+        const ConvolutionPlan plan = layer.make(grid);
+        plan.prepare();
+        const int64_t edges = plan.target_map().num_edges();
+        const int64_t rows = plan.target_grid().num_voxels(), sources = plan.source_grid().num_voxels();
+        for (const int64_t c : options.channels) {
+            const int64_t volume = plan.kernel_volume();
+            const Buffer<uint8_t> x = random_values(sources * c, dtype, context, rng);
+            const Buffer<uint8_t> w = random_values(c * c * volume, dtype, context, rng);
+            const Buffer<uint8_t> g = random_values(rows * c, dtype, context, rng);
+            const Buffer<uint8_t> y = Buffer<uint8_t>::allocate(rows * c * sparsegrid::dtype_size(dtype), context);
+            const Buffer<uint8_t> gx = Buffer<uint8_t>::allocate(sources * c * sparsegrid::dtype_size(dtype), context);
+            const Buffer<uint8_t> gw =
+                Buffer<uint8_t>::allocate(c * c * volume * sparsegrid::dtype_size(dtype), context);
+            const double forward = median_ms(context, options.warmup, options.repeats,
+                                             [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype); });
+            const double input_grad = median_ms(context, options.warmup, options.repeats, [&] {
+                plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype);
+            });
+            const double weight_grad = median_ms(context, options.warmup, options.repeats, [&] {
+                plan.backward_weight(x.data(), g.data(), gw.data(), c, c, dtype);
+            });
+            const double flops = 2.0 * static_cast<double>(edges) * static_cast<double>(c * c);
+            const double total = forward + input_grad + weight_grad;
+            out << "| " << layer.name << " | " << c << " | " << rows << " | " << edges << " | " << fixed(plan_ms, 3)
+                << " | " << fixed(forward, 3) << " | " << fixed(input_grad, 3) << " | " << fixed(weight_grad, 3)
+                << " | " << fixed(total, 3) << " | " << fixed(flops / forward / 1e9, 3) << " | "
+                << fixed(3.0 * flops / total / 1e9, 3) << " |\n";
+        }
+    }
+    return 0;
+}
+
+}  // namespace sparsegrid_tool
