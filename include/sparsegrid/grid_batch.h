@@ -75,9 +75,15 @@ public:
 
     /// From triangle meshes: every voxel whose closed cube meets a triangle (exact separating-axis test,
     /// so thin features are never missed; degenerate triangles voxelise as segments or points).
-    /// `vertices` holds world points (x, y, z), member m's in [vertex_offsets[m], vertex_offsets[m+1]);
-    /// `faces` holds vertex index triples local to their member, member m's in
-    /// [face_offsets[m], face_offsets[m+1]). One transform per member. CPU only in this version.
+    /// `vertices` (ctx.device memory) holds world points (x, y, z), member m's in
+    /// [vertex_offsets[m], vertex_offsets[m+1]); `faces` (ctx.device memory) holds vertex index triples
+    /// local to their member, member m's in [face_offsets[m], face_offsets[m+1]). One transform per
+    /// member. Raises Error for a face index outside its member's vertices, a vertex that is not finite
+    /// (after the transform), voxel indices outside int32 and 2^63 - 1 or more candidate voxels (the
+    /// voxels of every triangle's bounding box); with several bad faces, the smallest face with a bad
+    /// index, else the smallest with a bad vertex, on every backend. CPU and CUDA give the same voxels.
+    /// Cost: work proportional to the candidate voxels; CUDA: 2 syncs (the hit count with the checks,
+    /// then the member offsets), none for a batch without faces.
     static GridBatch from_mesh(Span<const double> vertices, const std::vector<int64_t>& vertex_offsets,
                                Span<const int32_t> faces, const std::vector<int64_t>& face_offsets,
                                const std::vector<MemberTransform>& transforms, const Context& ctx = {});

@@ -4,6 +4,9 @@
 #include "core/backend.h"
 #include "core/checks.h"
 #include "cpu/mesh_cpu.h"
+#if defined(SPARSEGRID_WITH_CUDA)
+#include "cuda/mesh_cuda.h"
+#endif
 
 #include <cmath>
 
@@ -136,8 +139,6 @@ GridBatch GridBatch::from_mesh(Span<const double> vertices, const std::vector<in
                                Span<const int32_t> faces, const std::vector<int64_t>& face_offsets,
                                const std::vector<MemberTransform>& transforms, const Context& ctx) {
     constexpr const char* op = "GridBatch::from_mesh";
-    if (!ctx.device.is_cpu())
-        throw_error(op, ": device ", ctx.device.str(), " is not supported yet; mesh voxelisation runs on the CPU");
     if (vertices.size % 3 != 0) throw_error(op, ": vertices must hold (x, y, z) triples, got ", vertices.size, " values");
     if (faces.size % 3 != 0) throw_error(op, ": faces must hold vertex index triples, got ", faces.size, " values");
     if ((vertices.size > 0 && !vertices.data) || (faces.size > 0 && !faces.data))
@@ -149,18 +150,9 @@ GridBatch GridBatch::from_mesh(Span<const double> vertices, const std::vector<in
                     vertex_offsets.size() - 1, " and ", face_offsets.size() - 1);
     const int64_t batch_size = static_cast<int64_t>(face_offsets.size()) - 1;
     std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, false);
-    for (int64_t m = 0; m < batch_size; ++m) {
-        const int64_t member_vertices = vertex_offsets[m + 1] - vertex_offsets[m];
-        for (int64_t f = face_offsets[m]; f < face_offsets[m + 1]; ++f)
-            for (int v = 0; v < 3; ++v) {
-                const int32_t index = faces.data[3 * f + v];
-                if (index < 0 || index >= member_vertices)
-                    throw_error(op, ": face ", f - face_offsets[m], " of member ", m, " refers to vertex ", index,
-                                "; member ", m, " has ", member_vertices, " vertices (indices are member-local)");
-            }
-    }
-    GridTopology topology =
-        detail::cpu::from_mesh(vertices.data, vertex_offsets, faces.data, face_offsets, resolved, ctx);
+    // Face indices and vertex values live on ctx.device: the backend checks them (same errors on both).
+    GridTopology topology = SPARSEGRID_DISPATCH(
+        op, ctx, from_mesh(vertices.data, vertex_offsets, faces.data, face_offsets, resolved, ctx));
     return GridBatch(make_storage(std::move(topology), std::move(resolved), ctx));
 }
 

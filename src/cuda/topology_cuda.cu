@@ -343,9 +343,9 @@ Buffer<int64_t> upload_offsets(const std::vector<int64_t>& offsets, const Contex
     return Buffer<int64_t>::from_host(offsets, ctx);
 }
 
-/// Sorts candidate keys (sentinels last), removes duplicates and decodes them into a grid. `box` is
-/// the box of the result when `box_exact`; otherwise a cover, and the exact box is computed from the
-/// candidates. One sync: the member offsets (and the box).
+}  // namespace
+
+// Declared in grid_keys.cuh (shared with the mesh backend).
 template <typename KeyT>
 GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const CoordBox& box,
                                 bool box_exact, const Context& ctx) {
@@ -410,6 +410,12 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     return topology;
 }
 
+template GridTopology canonical_topology<uint64_t>(Buffer<uint64_t>&, const KeyCodec&, int64_t, const CoordBox&, bool,
+                                                   const Context&);
+template GridTopology canonical_topology<Key128>(Buffer<Key128>&, const KeyCodec&, int64_t, const CoordBox&, bool,
+                                                 const Context&);
+
+namespace {
 
 /// Reads a bitmap over the key space out in key order: per-chunk popcounts, one scan, offsets of the
 /// member boundaries, one sync, then every set bit decoded at its rank. `box` must be exact.

@@ -13,6 +13,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -80,6 +81,47 @@ private:
     std::vector<Measurement> m_measurements;
 };
 
+/// The mesh input of from_mesh: a UV sphere per member (radius 5 to 12 voxels of the member, centres
+/// at positive and negative coordinates), no faces for the last member.
+struct SphereMeshes {
+    std::vector<double> vertices;
+    std::vector<int32_t> faces;
+    std::vector<int64_t> vertex_offsets{0}, face_offsets{0};
+};
+
+SphereMeshes sphere_meshes(const std::vector<MemberTransform>& transforms) {
+    constexpr int kRings = 12, kSegments = 24;
+    const double pi = std::acos(-1.0);
+    SphereMeshes out;
+    for (std::size_t m = 0; m < transforms.size(); ++m) {
+        if (m + 1 < transforms.size()) {
+            const MemberTransform& t = transforms[m];
+            const double radius = 5.0 + static_cast<double>(m);
+            const double sign = m % 2 == 0 ? 1.0 : -1.0;
+            const double centre[3] = {sign * (20.0 + 3.0 * static_cast<double>(m)), 7.3, -sign * 11.6};
+            const int32_t base = static_cast<int32_t>(out.vertices.size() / 3);
+            for (int r = 0; r <= kRings; ++r)
+                for (int g = 0; g < kSegments; ++g) {
+                    const double theta = pi * r / kRings, phi = 2.0 * pi * g / kSegments;
+                    const double unit[3] = {std::sin(theta) * std::cos(phi), std::sin(theta) * std::sin(phi),
+                                            std::cos(theta)};
+                    for (int a = 0; a < 3; ++a)
+                        out.vertices.push_back(t.origin[a] + t.voxel_size[a] * (centre[a] + radius * unit[a]));
+                }
+            for (int r = 0; r < kRings; ++r)
+                for (int g = 0; g < kSegments; ++g) {
+                    const int32_t v00 = base + r * kSegments + g, v01 = base + r * kSegments + (g + 1) % kSegments;
+                    const int32_t v10 = v00 + kSegments, v11 = v01 + kSegments;
+                    out.faces.insert(out.faces.end(), {v00 - base, v10 - base, v11 - base, v00 - base, v11 - base,
+                                                       v01 - base});
+                }
+        }
+        out.vertex_offsets.push_back(static_cast<int64_t>(out.vertices.size() / 3));
+        out.face_offsets.push_back(static_cast<int64_t>(out.faces.size() / 3));
+    }
+    return out;
+}
+
 /// Runs every measured operation in `ctx` on a batch of 8 synthetic surfaces (half of them moved to
 /// negative coordinates, |c| < 2^18) plus an empty member.
 std::vector<Measurement> measure_every_operation(const Context& ctx) {
@@ -103,6 +145,9 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
         for (Vec3i& c : member) c[0] += 1;
     const GridBatch other = GridBatch::from_ijk(other_members, transforms, ctx);
     const DeviceArray<int32_t> queries = to_device(flat.values, ctx);
+    const SphereMeshes meshes = sphere_meshes(transforms);
+    const DeviceArray<double> mesh_vertices = to_device(meshes.vertices, ctx);
+    const DeviceArray<int32_t> mesh_faces = to_device(meshes.faces, ctx);
 
     SyncLog log;
     log.grid("from_ijk (|c| < 2^18)", 1, [&] { return GridBatch::from_ijk(ijk, flat.offsets, transforms, ctx); });
@@ -118,6 +163,11 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
     log.grid("dilated_grid(1)", 1, [&] { return grid.dilated_grid(1); });
     log.grid("dilated_grid(2)", 1, [&] { return grid.dilated_grid(2); });
     log.grid("merged_grid", 1, [&] { return grid.merged_grid(other); });
+    // Documented in grid_batch.h: the hit count (with the checks), then the member offsets.
+    log.grid("from_mesh (8 spheres)", 2, [&] {
+        return GridBatch::from_mesh(mesh_vertices, meshes.vertex_offsets, mesh_faces, meshes.face_offsets, transforms,
+                                    ctx);
+    });
 
     const KernelMap submanifold = log.map("neighbour_map K=3 S=1 (same grid)", 0,
                                           [&] { return neighbour_map(grid, grid, {3, 3, 3}, {1, 1, 1}); });
