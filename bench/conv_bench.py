@@ -4,10 +4,16 @@ members' bounding canvas, and (c) one dense GEMM (torch.mm) with the same FLOP c
 
 Layers: k3s1 on the input grid (submanifold) and the generative k2s2 transposed convolution.
 Timing: median of --repeats runs after --warmup (CUDA events on a GPU, perf_counter on the CPU).
+"vs GEMM" is sparsegrid's time over the GEMM's (one for the forward pass, three for forward+backward).
+
+Per-layer host overhead: on a small grid (so that the device is never the bottleneck), the host time
+of building a k3s1 plan on existing grids and executing it, per layer, averaged over many layers queued
+without synchronisation.
 Usage: PYTHONPATH=python python3 bench/conv_bench.py --input data/reference_batch_r64.txt --members 16
 """
 
 import argparse
+import json
 import statistics
 import time
 
@@ -67,32 +73,54 @@ def per_tap(x, w, neighbours):
 
 def dense_canvas(grid, x, pad):
     ijk = grid.ijk.long()
-    offsets = grid.joffsets.tolist()
+    offsets = grid.joffsets.cpu()
     lo = ijk.min(0).values - pad
     size = (ijk.max(0).values - lo + 1 + pad).tolist()
     canvas = torch.zeros(grid.batch_size, x.shape[1], *size, dtype=x.dtype, device=x.device)
-    member = torch.repeat_interleave(torch.arange(grid.batch_size), torch.tensor(offsets).diff())
+    member = torch.repeat_interleave(torch.arange(grid.batch_size), offsets.diff()).to(x.device)
     c = ijk - lo
     canvas[member, :, c[:, 0], c[:, 1], c[:, 2]] = x
     return canvas
 
 
+def host_overhead_us(device, dtype, layers=300):
+    """Host microseconds per layer of (plan on existing grids + execute), on a 16-voxel grid."""
+    ijk = torch.stack(torch.meshgrid(*[torch.arange(2)] * 3, indexing="ij"), -1).reshape(-1, 3).int()
+    grid = sg.GridBatch.from_ijk([ijk, ijk + 4], device=device)
+    x = torch.randn(grid.num_voxels, 8, dtype=dtype, device=device)
+    w = torch.randn(8, 8, 3, 3, 3, dtype=dtype, device=device)
+    for _ in range(20):
+        sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(layers):
+        y = sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w)
+    host = (time.perf_counter() - start) / layers * 1e6
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    del y
+    return host
+
+
 def run(args):
     device = torch.device(args.device)
     measure = timer(device)
-    grid = sg.GridBatch.from_ijk(read_batch(args.input, args.members))
-    print(f"sparsegrid conv benchmark: {grid.batch_size} members, {grid.num_voxels} voxels, device {device}, "
-          f"dtype {args.dtype}, median of {args.repeats} runs")
+    grid = sg.GridBatch.from_ijk([m.to(device) for m in read_batch(args.input, args.members)])
     dtype = getattr(torch, args.dtype)
+    print(f"sparsegrid conv benchmark: {grid.batch_size} members, {grid.num_voxels} voxels, device {device}, "
+          f"dtype {args.dtype}, median of {args.repeats} runs after {args.warmup} warm-up runs")
+    rows = []
     header = ("layer", "C", "pass", "sparsegrid ms", "per-tap ms", "dense ms", "GEMM ms", "vs GEMM")
-    print(" | ".join(header))
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
     for channels in args.channels:
         for layer, (k, s, transposed) in {"k3s1 submanifold": (3, 1, False), "k2s2 transposed": (2, 2, True)}.items():
             if transposed:
                 plan = sg.ConvolutionPlan.from_grid_transposed(grid, k, s)
             else:
                 plan = sg.ConvolutionPlan.from_grid(grid, k, s, grid)
-            neighbours = plan.target_map().to(device)
+            neighbours = plan.target_map()
             edges = int((neighbours >= 0).sum())
             x = torch.randn(grid.num_voxels, channels, dtype=dtype, device=device, requires_grad=True)
             w = torch.randn(channels, channels, k, k, k, dtype=dtype, device=device, requires_grad=True)
@@ -122,8 +150,18 @@ def run(args):
                 gemms = 1 if mode == "forward" else 3
                 times = [measure(fn, args.repeats, args.warmup) for fn in (ours, tap, dense)]
                 gemm = measure(lambda: [a @ b for _ in range(gemms)], args.repeats, args.warmup)
-                print(f"{layer} | {channels} | {mode} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | "
-                      f"{gemm:.3f} | {times[0] / gemm:.2f}x")
+                rows.append({"layer": layer, "channels": channels, "pass": mode, "edges": edges,
+                             "sparsegrid_ms": times[0], "per_tap_ms": times[1], "dense_ms": times[2],
+                             "gemm_ms": gemm})
+                print(f"| {layer} | {channels} | {mode} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | "
+                      f"{gemm:.3f} | {times[0] / gemm:.2f}x |")
+            del canvas
+    overhead = host_overhead_us(device, dtype)
+    print(f"host overhead per layer (k3s1 plan on existing grids + execute, from Python): {overhead:.1f} us")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": str(device), "dtype": args.dtype, "voxels": grid.num_voxels, "rows": rows,
+                       "host_overhead_us": overhead}, f, indent=1)
 
 
 def main():
@@ -132,7 +170,8 @@ def main():
     parser.add_argument("--members", type=int, default=16)
     parser.add_argument("--channels", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    parser.add_argument("--json", default=None, help="also write the rows as JSON")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
     run(parser.parse_args())

@@ -2,7 +2,8 @@
 # The GPU check: on a machine with an NVIDIA GPU, configures and builds everything, runs the whole
 # test suite (every case on CPU and CUDA), runs compute-sanitizer memcheck on the CUDA cases, and
 # benchmarks the reference workload (batch 16, 32, 48) against the torch-native baseline when torch
-# is importable. Usage: scripts/gpu-check.sh OUT_DIR
+# is importable; with torch importable it also builds the PyTorch layer against that torch and runs the
+# Python suite (pytest) with every CUDA case required. Usage: scripts/gpu-check.sh OUT_DIR
 # Writes into OUT_DIR: gpu-check.log (every step's output and a PASS/FAIL summary), bench_bN.json,
 # torch_bN.json and compare.md. Exits non-zero when a build, test or memcheck step fails.
 set -uo pipefail
@@ -30,14 +31,35 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
 
 { nvidia-smi -L; nvcc --version | tail -2; } >>"$log" 2>&1
 export SPARSEGRID_CUDA_ARCHS="${SPARSEGRID_CUDA_ARCHS:-90a-real}"
+torch_args=()
+if python3 -c "import torch" >/dev/null 2>&1; then
+  # Torch's CMake package would otherwise probe the GPU for its own (unused) architecture flags.
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+  torch_args=(-DSPARSEGRID_WITH_TORCH=ON
+    -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
+fi
 step configure "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON \
-  -DSPARSEGRID_WARNINGS_AS_ERRORS=ON
+  -DSPARSEGRID_WARNINGS_AS_ERRORS=ON ${torch_args[@]+"${torch_args[@]}"}
+if [ ${#torch_args[@]} -gt 0 ] && [[ ${summary[-1]} == FAIL* ]]; then
+  # A Torch package that fails to configure must not cost the CUDA checks: they run without the layer
+  # (the failed configure above still fails the run).
+  step "configure without torch" "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON \
+    -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WARNINGS_AS_ERRORS=ON -DSPARSEGRID_WITH_TORCH=OFF
+fi
 step "build library and tool" cmake --build "$build" -j "$(nproc)" --target sparsegrid_cli
 step "build tests" cmake --build "$build" -j "$(nproc)"
 # Every launch waits and is checked in the tests, so a fault names the launch that caused it.
-step tests env SPARSEGRID_CUDA_DEBUG=1 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
+step tests env SPARSEGRID_CUDA_DEBUG=1 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 -E '^python\.'
+# The Python suite (run by the step below instead of ctest, with this machine's python3 and torch).
+if [ -f "$build/python/libsparsegrid_torch.so" ] && python3 -c "import pytest, torch" >/dev/null 2>&1; then
+  step "python tests" env PYTHONPATH="$root/python" SPARSEGRID_TORCH_LIBRARY="$build/python/libsparsegrid_torch.so" \
+    SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m pytest -q -p no:cacheprovider "$root/tests/python"
+else
+  summary+=("SKIP python tests (no PyTorch layer built, or python3 cannot import torch and pytest)")
+fi
 step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*}" --gtest_brief=1
+  "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}" --gtest_brief=1
 
 pairs=()
 for members in 16 32 48; do
@@ -48,6 +70,11 @@ for members in 16 32 48; do
       --members "$members" --device cuda --json "$out/torch_b$members.json"
     pairs+=(--pair "$out/bench_b$members.json" "$out/torch_b$members.json")
   fi
+done
+# Convolution kernels on their own: plan, forward, input and weight gradient at C = 32, 64, 128.
+for dtype in float32 float16; do
+  step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
+    --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
 done
 # Lookups by binary search instead of the hash table, for comparison.
 step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \

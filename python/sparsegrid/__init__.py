@@ -3,6 +3,11 @@
 A thin layer over the C++ library's TorchScript classes (torch.classes.sparsegrid.*). Grids are
 immutable batches of sparse voxel grids; features are plain tensors [num_voxels, channels] in the
 grid's voxel order (member-major, then Morton order, see the README).
+
+Devices: a grid lives on one device (CPU or a CUDA device), given at construction or taken from the
+input tensors; everything it returns (ijk, joffsets, plans, maps, convolution outputs) lives there too,
+and tensors passed to it must be there already (errors name both devices). GridBatch.to(device) copies
+a grid. Work runs on PyTorch's current CUDA stream.
 """
 
 import os
@@ -11,7 +16,7 @@ import pathlib
 import torch
 
 __all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "convolution_seconds",
-           "library_path", "nn"]
+           "host_synchronizations", "cuda_backend_available", "library_path", "nn"]
 
 
 def _candidate_libraries():
@@ -54,10 +59,10 @@ def _triple(value, name):
 
 
 def _per_member(value, batch_size, name, default):
-    """A [B, 3] float64 tensor from a scalar, a 3-sequence or a [B, 3] tensor."""
+    """A [B, 3] float64 CPU tensor (host metadata) from a scalar, a 3-sequence or a [B, 3] tensor."""
     if value is None:
         value = default
-    t = torch.as_tensor(value, dtype=torch.float64)
+    t = torch.as_tensor(value, dtype=torch.float64).cpu()
     if t.dim() == 0:
         t = t.expand(3)
     if t.dim() == 1:
@@ -69,6 +74,40 @@ def _per_member(value, batch_size, name, default):
     return t.contiguous()
 
 
+def _device(device):
+    """A concrete torch.device ("cuda" means the current CUDA device), or None."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _members(values, device, dtype, op, name):
+    """Per-member [N_m, 3] tensors of `dtype` on one device: `device` when given, else the device of the
+    tensors among `values` (all on one device), else the CPU."""
+    tensors = [torch.as_tensor(v) for v in values]
+    device = _device(device)
+    if device is None:
+        found = {t.device for v, t in zip(values, tensors) if isinstance(v, torch.Tensor)}
+        if len(found) > 1:
+            raise ValueError(f"{op}: the {name} tensors are on several devices ({', '.join(sorted(map(str, found)))}); "
+                             f"move them to one or pass device=")
+        device = found.pop() if found else torch.device("cpu")
+    return [t.reshape(-1, 3).to(device=device, dtype=dtype) for t in tensors], device
+
+
+def _offsets(members):
+    """Member offsets [B + 1] int64 on the CPU (host metadata: costs no synchronisation)."""
+    return torch.tensor([0] + [m.shape[0] for m in members], dtype=torch.int64).cumsum(0)
+
+
+def _on_device(value, device):
+    """Python data becomes a tensor on `device`; tensors are passed as they are (and checked by the layer)."""
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value, device=device)
+
+
 class GridBatch:
     """An immutable batch of sparse voxel grids (see include/sparsegrid/grid_batch.h)."""
 
@@ -76,52 +115,69 @@ class GridBatch:
         self._handle = handle
 
     @staticmethod
-    def from_ijk(ijk, voxel_sizes=None, origins=None):
-        """From one int tensor [N_m, 3] per member (any order, duplicates removed)."""
+    def from_ijk(ijk, voxel_sizes=None, origins=None, device=None):
+        """From one int tensor [N_m, 3] per member (any order, duplicates removed). The grid lives on
+        `device`, by default on the device of the given tensors (CPU for Python lists)."""
         if isinstance(ijk, torch.Tensor):
             ijk = [ijk]
-        members = [torch.as_tensor(m).reshape(-1, 3).to(torch.int32) for m in ijk]
-        if not members:
+        if not ijk:
             raise ValueError("from_ijk: ijk must hold at least one member")
-        offsets = torch.tensor([0] + [m.shape[0] for m in members], dtype=torch.int64).cumsum(0)
-        flat = torch.cat(members) if members else torch.zeros((0, 3), dtype=torch.int32)
+        members, _ = _members(ijk, device, torch.int32, "from_ijk", "ijk")
         batch = len(members)
-        return GridBatch(_Grid.from_ijk(flat.contiguous(), offsets,
+        return GridBatch(_Grid.from_ijk(torch.cat(members).contiguous(), _offsets(members),
                                         _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
                                         _per_member(origins, batch, "origins", 0.0)))
 
     @staticmethod
-    def from_points(points, voxel_sizes, origins=None):
+    def from_points(points, voxel_sizes, origins=None, device=None):
         """The voxels containing at least one point: ijk = floor((xyz - origin) / voxel_size + 1/2).
-        points: one float tensor [P_m, 3] per member (world coordinates)."""
+        points: one float tensor [P_m, 3] per member (world coordinates). The grid lives on `device`,
+        by default on the points' device."""
         if isinstance(points, torch.Tensor):
             points = [points]
         if not points:
             raise ValueError("from_points: points must hold at least one member")
-        members = [torch.as_tensor(p, dtype=torch.float64).reshape(-1, 3) for p in points]
-        offsets = torch.tensor([0] + [m.shape[0] for m in members], dtype=torch.int64).cumsum(0)
+        members, _ = _members(points, device, torch.float64, "from_points", "points")
         batch = len(members)
-        return GridBatch(_Grid.from_points(torch.cat(members).contiguous(), offsets,
+        return GridBatch(_Grid.from_points(torch.cat(members).contiguous(), _offsets(members),
                                            _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
                                            _per_member(origins, batch, "origins", 0.0)))
 
     @staticmethod
-    def from_mesh(meshes, voxel_sizes, origins=None):
+    def from_mesh(meshes, voxel_sizes, origins=None, device=None):
         """Every voxel whose cube meets a triangle. meshes: one (vertices [V, 3], faces [F, 3]) pair per
-        member, faces indexing that member's vertices (load_mesh returns such a pair)."""
+        member, faces indexing that member's vertices (load_mesh returns such a pair). The grid lives
+        on `device`, by default on the vertices' device."""
         if isinstance(meshes, tuple):
             meshes = [meshes]
         if not meshes:
             raise ValueError("from_mesh: meshes must hold at least one member")
-        vertices = [torch.as_tensor(v, dtype=torch.float64).reshape(-1, 3) for v, _ in meshes]
-        faces = [torch.as_tensor(f).reshape(-1, 3).to(torch.int32) for _, f in meshes]
-        vertex_offsets = torch.tensor([0] + [v.shape[0] for v in vertices], dtype=torch.int64).cumsum(0)
-        face_offsets = torch.tensor([0] + [f.shape[0] for f in faces], dtype=torch.int64).cumsum(0)
+        vertices, device = _members([v for v, _ in meshes], device, torch.float64, "from_mesh", "vertices")
+        faces, _ = _members([f for _, f in meshes], device, torch.int32, "from_mesh", "faces")
         batch = len(meshes)
-        return GridBatch(_Grid.from_mesh(torch.cat(vertices).contiguous(), vertex_offsets,
-                                         torch.cat(faces).contiguous(), face_offsets,
+        return GridBatch(_Grid.from_mesh(torch.cat(vertices).contiguous(), _offsets(vertices),
+                                         torch.cat(faces).contiguous(), _offsets(faces),
                                          _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
                                          _per_member(origins, batch, "origins", 0.0)))
+
+    @property
+    def device(self):
+        """The torch.device the grid and everything derived from it live on."""
+        return self._handle.device()
+
+    def to(self, device):
+        """This grid on `device` (self when it is there already): same voxels, order and transforms."""
+        device = _device(device)
+        if device == self.device:
+            return self
+        return GridBatch(self._handle.to(device))
+
+    def cpu(self):
+        return self.to("cpu")
+
+    def cuda(self, device=None):
+        """This grid on a CUDA device: the current one, or the given index or device."""
+        return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"))
 
     @property
     def batch_size(self):
@@ -137,7 +193,8 @@ class GridBatch:
 
     @property
     def joffsets(self):
-        """Member offsets [B + 1]: member m owns voxels joffsets[m] .. joffsets[m + 1] - 1."""
+        """Member offsets [B + 1] int64 on the grid's device: member m owns voxels joffsets[m] ..
+        joffsets[m + 1] - 1."""
         return self._handle.offsets()
 
     @property
@@ -159,29 +216,30 @@ class GridBatch:
         return GridBatch(self._handle.coarsened_grid(_triple(factor, "factor")))
 
     def refined_grid(self, factor, mask=None):
+        mask = None if mask is None else _on_device(mask, self.device)
         return GridBatch(self._handle.refined_grid(_triple(factor, "factor"), mask))
 
     def dilated_grid(self, distance):
         return GridBatch(self._handle.dilated_grid(int(distance)))
 
     def pruned_grid(self, mask):
-        return GridBatch(self._handle.pruned_grid(mask))
+        return GridBatch(self._handle.pruned_grid(_on_device(mask, self.device)))
 
     def merged_grid(self, other):
         return GridBatch(self._handle.merged_grid(other._handle))
 
     def ijk_to_index(self, ijk):
-        """Global voxel index of each coordinate (one int tensor [Q_m, 3] per member), or -1."""
+        """Global voxel index [Q] int64 of each coordinate (one int tensor [Q_m, 3] per member, on the
+        grid's device), or -1."""
         if isinstance(ijk, torch.Tensor):
             ijk = [ijk]
         if len(ijk) != self.batch_size:
             raise ValueError(f"ijk_to_index: expected {self.batch_size} query lists, got {len(ijk)}")
-        members = [torch.as_tensor(m).reshape(-1, 3).to(torch.int32) for m in ijk]
-        offsets = torch.tensor([0] + [m.shape[0] for m in members], dtype=torch.int64).cumsum(0)
-        return self._handle.ijk_to_index(torch.cat(members).contiguous(), offsets)
+        members = [_on_device(m, self.device).reshape(-1, 3).to(torch.int32) for m in ijk]
+        return self._handle.ijk_to_index(torch.cat(members).contiguous(), _offsets(members))
 
     def __repr__(self):
-        return f"GridBatch(batch_size={self.batch_size}, num_voxels={self.num_voxels})"
+        return f"GridBatch(batch_size={self.batch_size}, num_voxels={self.num_voxels}, device={self.device})"
 
 
 class ConvolutionPlan:
@@ -219,18 +277,37 @@ class ConvolutionPlan:
     def is_identity(self):
         return self._handle.is_identity()
 
+    @property
+    def device(self):
+        """The device of the plan's grids and maps; features and weights must be there."""
+        return self._handle.device()
+
     def target_map(self):
         """Neighbour map [num_target, kernel_volume] int32, -1 where there is no edge."""
         return self._handle.target_map()
 
     def execute(self, features, weight):
-        """features [N_source, Cin], weight [Cout, Cin, K0, K1, K2] -> [N_target, Cout], differentiable."""
+        """features [N_source, Cin], weight [Cout, Cin, K0, K1, K2] -> [N_target, Cout], differentiable.
+        Both on the plan's device with one dtype: float32 or float64, or float16 / bfloat16 on CUDA
+        (accumulated in float32). No host synchronisation, forward or backward."""
         return torch.ops.sparsegrid.sparse_conv(features, weight, self._handle)
 
 
 def convolution_seconds():
-    """Seconds this process has spent executing convolutions (forward and backward), for step profiles."""
+    """Seconds this process has spent in convolution calls (forward and backward), for step profiles.
+    Host time: on CUDA it counts queueing the work, not running it (synchronise to measure that)."""
     return torch.ops.sparsegrid.convolution_seconds()
+
+
+def host_synchronizations():
+    """Times the library has waited for a CUDA stream so far (process-wide): read it before and after an
+    operation to count that operation's synchronisations. Always 0 on the CPU."""
+    return torch.ops.sparsegrid.host_synchronizations()
+
+
+def cuda_backend_available():
+    """True when the library was built with its CUDA backend (grids on CUDA tensors need it)."""
+    return torch.ops.sparsegrid.cuda_backend_available()
 
 
 def load_mesh(path):
@@ -239,10 +316,13 @@ def load_mesh(path):
     return torch.ops.sparsegrid.load_mesh(str(path))
 
 
-def synthetic_shapes(batch_size, resolution, seed=0):
+def synthetic_shapes(batch_size, resolution, seed=0, device=None):
     """Surface voxels of procedural closed shapes (ellipsoids, tori, boxes, capsules) in [0, resolution)^3,
-    deterministic by seed: a list of int32 tensors [N_m, 3], one per shape."""
+    deterministic by seed: a list of int32 tensors [N_m, 3], one per shape, on `device` (default CPU)."""
     ijk, offsets = torch.ops.sparsegrid.synthetic_surface_batch(int(batch_size), int(resolution), int(seed))
+    if device is not None:
+        ijk = ijk.to(_device(device))
+    offsets = offsets.tolist()
     return [ijk[offsets[m]:offsets[m + 1]] for m in range(int(batch_size))]
 
 

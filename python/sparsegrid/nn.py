@@ -3,6 +3,9 @@
 Layers take and return a SparseFeatures (a GridBatch with its features [num_voxels, channels] in voxel
 order), so they compose in torch.nn.Sequential. Convolution plans are cached on the GridBatch object
 for each (kernel size, stride, direction), so layers that share a grid within a step share its plans.
+
+Devices as in torch.nn: grids and features on one device, module parameters moved there with
+module.to(device); plans are built on the grid's device.
 """
 
 import math
@@ -32,11 +35,22 @@ class SparseFeatures:
             raise ValueError(
                 f"SparseFeatures: features must have shape [{grid.num_voxels}, C], got {tuple(features.shape)}"
             )
+        if features.device != grid.device:
+            raise ValueError(f"SparseFeatures: features are on {features.device} but the grid is on {grid.device}")
         self.grid = grid
         self.features = features
 
+    @property
+    def device(self):
+        return self.grid.device
+
     def replace(self, features):
         return SparseFeatures(self.grid, features)
+
+    def to(self, device):
+        """The grid and the features on `device` (self when they are there already)."""
+        grid = self.grid.to(device)
+        return self if grid is self.grid else SparseFeatures(grid, self.features.to(grid.device))
 
     def __repr__(self):
         return f"SparseFeatures({self.grid!r}, channels={self.features.shape[1]})"
@@ -121,7 +135,9 @@ class Prune(nn.Module):
     """Keeps the voxels where mask is true and their feature rows (differentiable through the kept rows)."""
 
     def forward(self, x, mask):
-        mask = torch.as_tensor(mask).reshape(-1).to(torch.bool)
+        if not isinstance(mask, torch.Tensor):
+            mask = torch.as_tensor(mask, device=x.grid.device)
+        mask = mask.reshape(-1).to(torch.bool)
         if mask.numel() != x.grid.num_voxels:
             raise ValueError(f"Prune: mask must have {x.grid.num_voxels} entries, got {mask.numel()}")
         return SparseFeatures(x.grid.pruned_grid(mask), x.features[mask])
@@ -173,13 +189,16 @@ class GlobalPool(nn.Module):
     def forward(self, x):
         offsets = x.grid.joffsets
         counts = offsets[1:] - offsets[:-1]
-        member = torch.repeat_interleave(torch.arange(x.grid.batch_size), counts)
+        options = dict(dtype=x.features.dtype, device=x.features.device)
+        # The output size is known on the host: no synchronisation on CUDA.
+        member = torch.repeat_interleave(torch.arange(x.grid.batch_size, device=counts.device), counts,
+                                         output_size=x.grid.num_voxels)
         channels = x.features.shape[1]
         if self.mode == "mean":
-            total = torch.zeros(x.grid.batch_size, channels, dtype=x.features.dtype)
+            total = torch.zeros(x.grid.batch_size, channels, **options)
             total = total.index_add(0, member, x.features)
             return total / counts.clamp(min=1).unsqueeze(1).to(x.features.dtype)
-        out = torch.full((x.grid.batch_size, channels), float("-inf"), dtype=x.features.dtype)
+        out = torch.full((x.grid.batch_size, channels), float("-inf"), **options)
         out = out.scatter_reduce(0, member.unsqueeze(1).expand(-1, channels), x.features, reduce="amax")
         return out.masked_fill(counts.unsqueeze(1) == 0, 0.0)
 

@@ -205,3 +205,35 @@ def test_bunny_from_mesh(tmp_path):
     assert counts[0] > 100 and counts[1] > 3 * counts[0]  # finer voxels, ~4x the surface voxels
     with pytest.raises(RuntimeError, match="missing.ply"):
         sg.load_mesh(tmp_path / "missing.ply")
+
+
+def test_grids_and_plans_report_their_device():
+    grid = sg.GridBatch.from_ijk(random_members(8, 2))
+    assert grid.device == torch.device("cpu") and grid.ijk.device == grid.device
+    assert grid.joffsets.device == grid.device and grid.voxel_sizes.device == grid.device
+    assert grid.to("cpu") is grid and grid.cpu() is grid
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 2)
+    assert plan.device == grid.device and plan.target_grid.device == grid.device
+    assert "device=cpu" in repr(grid)
+
+
+def test_half_precision_and_other_devices_are_rejected_on_the_cpu():
+    grid = sg.GridBatch.from_ijk(random_members(9, 2, empty=()))
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1)
+    x = torch.randn(grid.num_voxels, 4)
+    for dtype in (torch.float16, torch.bfloat16):
+        with pytest.raises(RuntimeError, match="float16 and bfloat16 run on CUDA only"):
+            plan.execute(x.to(dtype), torch.randn(2, 4, 3, 3, 3).to(dtype))
+    with pytest.raises(RuntimeError, match="input is on meta but the grid is on cpu"):
+        plan.execute(x.to("meta"), torch.randn(2, 4, 3, 3, 3))
+    with pytest.raises(RuntimeError, match="sparsegrid runs on CPU and CUDA tensors"):
+        sg.GridBatch.from_ijk([torch.zeros((2, 3), dtype=torch.int32, device="meta")])
+
+
+def test_cpu_work_never_synchronises():
+    before = sg.host_synchronizations()
+    grid = sg.GridBatch.from_ijk(random_members(10, 3))
+    plan = sg.ConvolutionPlan.from_grid_transposed(grid, 2, 2)
+    x = torch.randn(grid.num_voxels, 3, requires_grad=True)
+    plan.execute(x, torch.randn(2, 3, 2, 2, 2)).sum().backward()
+    assert sg.host_synchronizations() == before == 0
