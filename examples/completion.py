@@ -3,15 +3,15 @@ away) to the full shape. The network is the VAE's encoder and generative decoder
 the code of the partial input is decoded level by level, generating and pruning the topology, with the
 full shape's voxels kept during training.
 
-Prints the loss, the per-iteration time split and the completion IoU against the full shapes; with
+Runs on --device (auto: CUDA when torch sees a GPU). Prints a progress line with the loss and the
+per-iteration time split (vae.StepProfiler) and the completion IoU against the full shapes; with
 --output it writes completion_loss.png and completions.png (partial input, completion, full shape).
-Usage: PYTHONPATH=python python3 examples/completion.py [--iterations 300]
+Usage: PYTHONPATH=python python3 examples/completion.py [--device auto] [--iterations 300] [--output DIR]
 """
 
 import argparse
 import pathlib
 import sys
-import time
 
 import torch
 from torch import nn
@@ -23,21 +23,30 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import vae  # noqa: E402  (the shared encoder, decoder and helpers)
 
 
-def cut(shape, generator):
-    """The voxels on one side of a random plane through the shape's centre (at least a quarter kept)."""
-    points = shape.float()
-    centre = points.mean(0)
-    for _ in range(10):
-        normal = torch.randn(3, generator=generator)
-        keep = (points - centre) @ normal > 0
-        if keep.sum() >= shape.shape[0] // 4:
-            return shape[keep]
-    return shape
+def cut(grid, generator, tries=8):
+    """Per member of grid, the voxels on one side of a random plane through the member's centre: the
+    first of `tries` random planes that keeps at least a quarter of the member's voxels (the whole member
+    when none does). Batched on the grid's device; the planes come from the CPU generator."""
+    ijk = grid.ijk.float()
+    device = ijk.device
+    member = vae.member_index(grid)
+    counts = grid.joffsets.diff().to(device)
+    centres = torch.zeros(grid.batch_size, 3, device=device).index_add(0, member, ijk)
+    centres = centres / counts.clamp(min=1).unsqueeze(1)
+    normals = torch.randn(grid.batch_size, tries, 3, generator=generator).to(device)
+    above = torch.einsum("nc,ntc->nt", ijk - centres[member], normals[member]) > 0  # [N, tries]
+    kept = torch.zeros(grid.batch_size, tries, device=device).index_add(0, member, above.float())
+    enough = kept * 4 >= counts.unsqueeze(1)
+    # The first plane that keeps enough (argmax returns the first maximum), else column `tries`: all.
+    choice = torch.where(enough.any(1), enough.float().argmax(1), torch.full_like(counts, tries))
+    above = torch.cat([above, torch.ones(grid.num_voxels, 1, dtype=torch.bool, device=device)], 1)
+    return grid.pruned_grid(above.gather(1, choice[member].unsqueeze(1)).squeeze(1))
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description="Shape completion on sparse voxel grids")
-    parser.add_argument("--resolution", type=int, default=32)
+    vae.add_device_argument(parser)
+    parser.add_argument("--resolution", type=int, default=32, help="a multiple of 16")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--shapes", type=int, default=64)
     parser.add_argument("--iterations", type=int, default=300)
@@ -46,48 +55,43 @@ def main():
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=20)
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                        help="print only the total time per iteration (no per-call timing spans)")
     parser.add_argument("--output", default=None)
-    args = parser.parse_args()
-    if args.resolution != 2 * 2 ** vae.LEVELS:
-        raise SystemExit(f"--resolution must be {2 * 2 ** vae.LEVELS}")
+    args = parser.parse_args(argv)
+    vae.check_resolution(args.resolution)
+    device = torch.device(vae.resolve_device(args.device))
 
-    torch.manual_seed(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
-    shapes = sg.synthetic_shapes(args.shapes, args.resolution, args.seed)
-    encoder = vae.Encoder(args.channels, args.latent)
-    decoder = vae.Decoder(list(reversed(args.channels)), args.latent)
-    params = list(encoder.parameters()) + list(decoder.parameters())
-    optimizer = torch.optim.Adam(params, lr=args.lr)
-    bce = nn.BCEWithLogitsLoss()
-    timers = vae.Timers()
-    timers.install()
-    print(f"shape completion: {args.shapes} procedural shapes at resolution {args.resolution}, batch {args.batch}")
-    curve, window = [], {"loss": 0.0, "total": 0.0, "plans": 0.0, "convs": 0.0, "voxels": 0, "count": 0}
-    for iteration in range(1, args.iterations + 1):
-        start = time.perf_counter()
-        plans_before, convs_before = timers.plans, timers.convs
+    shapes = [shape.to(device) for shape in sg.synthetic_shapes(args.shapes, args.resolution, args.seed)]
+    encoder, decoder = vae.build_model(args, device)
+    optimizer = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()), lr=args.lr)
+    bce = nn.functional.binary_cross_entropy_with_logits
+    profiler = vae.StepProfiler(device, enabled=args.breakdown).install()
+    print(f"shape completion on {device.type}: {args.shapes} procedural shapes at resolution {args.resolution}, "
+          f"batch {args.batch}", flush=True)
+    progress = vae.Progress(args.iterations, args.print_every, profiler)
+    for _ in range(args.iterations):
         pick = torch.randint(0, args.shapes, (args.batch,), generator=generator).tolist()
         full = sg.GridBatch.from_ijk([shapes[i] for i in pick])
-        partial = sg.GridBatch.from_ijk([cut(shapes[i], generator) for i in pick])
-        code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1)))
-        _, _, outputs = decoder(code, vae.target_pyramid(full))
+        partial = cut(full, generator)
+        code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
+        with profiler.span("pyramid"):
+            pyramid = vae.target_pyramid(full)
+        _, _, outputs = decoder(code, pyramid)
         loss = sum(bce(logits, labels.float()) for logits, labels in outputs) / vae.LEVELS
-        optimizer.zero_grad()
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        curve.append(loss.item())
-        vae.accumulate(window, loss.item(), start, timers, plans_before, convs_before)
-        if iteration % args.print_every == 0 or iteration == args.iterations:
-            print(vae.window_report(iteration, window), flush=True)
-            window = {key: 0 for key in window}
+        progress.step(loss.detach(), sum(logits.numel() for logits, _ in outputs))
+    profiler.uninstall()
 
     encoder.eval()
     decoder.eval()
     with torch.no_grad():
-        shown = list(range(min(args.batch, 6)))
-        full = sg.GridBatch.from_ijk([shapes[i] for i in shown])
-        partial = sg.GridBatch.from_ijk([cut(shapes[i], torch.Generator().manual_seed(i)) for i in shown])
-        code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1)))
+        full = sg.GridBatch.from_ijk([shapes[i] for i in range(min(args.batch, 6))])
+        partial = cut(full, torch.Generator().manual_seed(args.seed))
+        code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
         grid, occupied, _ = decoder(code)
         completed = grid.pruned_grid(occupied)
         scores = vae.iou(completed, full)
@@ -97,7 +101,10 @@ def main():
           + f" (mean {scores.mean():.3f})")
     if args.output:
         directory = pathlib.Path(args.output)
-        vae.plot_loss(directory / "completion_loss.png", curve, "occupancy BCE")
+        if not vae.figures_available():
+            print(f"matplotlib is not installed: no figures written to {directory}")
+            return
+        vae.plot_loss(directory / "completion_loss.png", progress.curve(), "occupancy BCE")
         vae.render_rows(directory / "completions.png",
                         [(partial, "partial"), (completed, "completion"), (full, "full")], scores, 1)
         print(f"wrote {directory / 'completion_loss.png'} and {directory / 'completions.png'}")

@@ -1,23 +1,30 @@
 """Generative shape VAE on sparse voxel grids, trained on procedural closed shapes.
 
 Encoder: 4 levels of (strided k3s2 conv, k3s1 conv), batch norm and ELU, then per-member mean pooling
-to a Gaussian latent. Decoder: from a 2^3 seed grid per shape, 4 levels of (generative transposed k2s2
-conv, k3s1 conv, 1x1 occupancy classifier, prune): the topology is generated and pruned anew at every
-step, which is what sparsegrid is built for. During training the voxels of the target at each level are
-kept as well, so every level sees its ground truth.
+to a Gaussian latent. Decoder: from a seed cube of (resolution / 16)^3 voxels per shape, 4 levels of
+(generative transposed k2s2 conv, k3s1 conv, 1x1 occupancy classifier, prune): the topology is generated
+and pruned anew at every step, which is what sparsegrid is built for. During training the voxels of the
+target at each level are kept as well, so every level sees its ground truth.
 
 Trains on procedural shapes plus triangle meshes (by default the bundled Stanford bunny), voxelised as
-surfaces at the training resolution. Prints the loss and a per-iteration time split (topology and plan
-construction, convolution compute, everything else), and at the end the intersection-over-union of
-reconstructions with their inputs; with --output it writes loss.png and reconstructions.png. With
---world-size N it trains N processes with torch.distributed (gloo) and DistributedDataParallel: each
-rank samples its own batches and builds its own topology; gradients are averaged by DDP.
-Usage: PYTHONPATH=python python3 examples/vae.py [--resolution 32] [--batch 8] [--iterations 300]
+surfaces at the training resolution, on --device (auto: CUDA when torch sees a GPU). Prints a progress
+line every --print-every iterations with the mean loss and the per-iteration time split measured by
+StepProfiler (topology and plan construction, convolutions forward and backward, everything else), and
+at the end the intersection-over-union of reconstructions with their inputs; with --output it writes
+loss.png and reconstructions.png. With --world-size N it trains N processes with torch.distributed and
+DistributedDataParallel (NCCL with one GPU per process on CUDA, gloo on the CPU): each rank samples its
+own batches and builds its own topology; gradients are averaged by DDP.
+Usage: PYTHONPATH=python python3 examples/vae.py [--device auto] [--resolution 32] [--batch 8]
+       [--iterations 300] [--output DIR]
 """
 
 import argparse
+import contextlib
+import inspect
+import os
 import pathlib
 import socket
+import sys
 import time
 
 import torch
@@ -27,6 +34,7 @@ import sparsegrid as sg
 from sparsegrid import nn as snn
 
 LEVELS = 4
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def conv_block(cin, cout, kernel, stride):
@@ -50,10 +58,17 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, channels, latent):
+    """seed_side: the seed cube's edge in voxels (resolution / 2^LEVELS), so that LEVELS subdivisions
+    reach the training resolution."""
+
+    def __init__(self, channels, latent, seed_side=2):
         super().__init__()
         self.seed_channels = channels[0]
-        self.seed = nn.Linear(latent, 8 * channels[0])
+        self.seed_voxels = seed_side ** 3
+        self.seed = nn.Linear(latent, self.seed_voxels * channels[0])
+        side = torch.arange(seed_side, dtype=torch.int32)
+        # A buffer, so the seed coordinates live on the model's device and cost no copy per step.
+        self.register_buffer("seed_ijk", torch.cartesian_prod(side, side, side).reshape(-1, 3), persistent=False)
         self.up = nn.ModuleList()
         self.refine = nn.ModuleList()
         self.classify = nn.ModuleList()
@@ -70,10 +85,9 @@ class Decoder(nn.Module):
         """targets: the target grid at each level (training), or None. Returns the final voxels and the
         per-level (logits, labels) for the loss."""
         batch = z.shape[0]
-        cube = torch.tensor([[i, j, k] for i in range(2) for j in range(2) for k in range(2)], dtype=torch.int32)
-        grid = sg.GridBatch.from_ijk([cube] * batch)
-        # The cube's 8 voxels come out in the same (voxel) order for every member.
-        x = snn.SparseFeatures(grid, self.seed(z).reshape(batch * 8, self.seed_channels))
+        grid = sg.GridBatch.from_ijk([self.seed_ijk] * batch)
+        # The cube's voxels come out in the same (voxel) order for every member.
+        x = snn.SparseFeatures(grid, self.seed(z).reshape(batch * self.seed_voxels, self.seed_channels))
         outputs = []
         for level in range(LEVELS):
             x = self.refine[level](self.up[level](x))
@@ -90,36 +104,12 @@ class Decoder(nn.Module):
 
 
 def contained_in(grid, target):
-    """For each voxel of grid: is it a voxel of target (same member)?"""
-    offsets = grid.joffsets.tolist()
-    ijk = grid.ijk
-    queries = [ijk[offsets[m]:offsets[m + 1]] for m in range(grid.batch_size)]
-    return target.ijk_to_index(queries) >= 0
-
-
-class Timers:
-    """Seconds spent building topology and plans (timed around plan construction) and executing
-    convolutions (the library's own counter, forward and backward)."""
-
-    def __init__(self):
-        self.plans = 0.0
-
-    @property
-    def convs(self):
-        return sg.convolution_seconds()
-
-    def install(self):
-        original_plan = snn._plan
-        timers = self
-
-        def timed_plan(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return original_plan(*args, **kwargs)
-            finally:
-                timers.plans += time.perf_counter() - start
-
-        snn._plan = timed_plan
+    """For each voxel of grid: is it a voxel of target (same member)? The 1x1 kernel map from target to
+    grid holds exactly these lookups, for all members at once and without a host synchronisation."""
+    plan = sg.ConvolutionPlan.from_grid(target, 1, 1, grid)
+    if plan.is_identity:  # the same grid
+        return torch.ones(grid.num_voxels, dtype=torch.bool, device=grid.ijk.device)
+    return plan.target_map()[:, 0] >= 0
 
 
 def target_pyramid(target):
@@ -127,18 +117,206 @@ def target_pyramid(target):
     return [target.coarsened_grid(2 ** (LEVELS - 1 - level)) for level in range(LEVELS)]
 
 
+def member_index(grid):
+    """The member of each voxel, [num_voxels] int64 on the grid's device (no synchronisation)."""
+    device = grid.ijk.device
+    counts = grid.joffsets.diff().to(device)
+    return torch.repeat_interleave(torch.arange(grid.batch_size, device=device), counts,
+                                   output_size=grid.num_voxels)
+
+
 def iou(predicted, target):
+    """Per-member intersection over union of two grid batches, [batch_size] float64 on the CPU."""
     hit = contained_in(predicted, target)
-    inter = torch.zeros(predicted.batch_size)
-    offsets = predicted.joffsets.tolist()
-    for m in range(predicted.batch_size):
-        inter[m] = hit[offsets[m]:offsets[m + 1]].sum()
-    pred_count = predicted.joffsets.diff().double()
-    target_count = target.joffsets.diff().double()
-    return inter / (pred_count + target_count - inter).clamp(min=1)
+    inter = torch.zeros(predicted.batch_size, dtype=torch.float64, device=hit.device)
+    inter = inter.index_add(0, member_index(predicted), hit.double())
+    union = predicted.joffsets.diff().to(hit.device) + target.joffsets.diff().to(hit.device) - inter
+    return (inter / union.clamp(min=1)).cpu()
 
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+class StepProfiler:
+    """Splits training time into topology and plan construction, convolutions and the rest.
+
+    Spans are measured on the device's timeline. On CUDA a span is a pair of CUDA events recorded on the
+    current stream around the call, so it covers the GPU work queued inside it, plus any time the GPU sat
+    waiting for the host to queue that work (including the host synchronisations a topology operation
+    needs), but not the earlier work still in the queue when the span began; the events are read only in
+    collect(), after one synchronisation, so timing adds no synchronisation to the steps. On the CPU
+    every call is synchronous and a span is a perf_counter pair. (The library's own
+    sparsegrid.convolution_seconds() reads a host clock around each call, which on CUDA measures only the
+    launches; it is not used here.)
+
+    install() wraps the library's calls, process-wide, until uninstall():
+      grids         GridBatch constructors and generating operations (from_ijk, conv_grid, ...)
+      plans         ConvolutionPlan construction (kernel maps, and the generated target grids)
+      pruning       GridBatch.pruned_grid
+      labels        contained_in (the decoder's "is this voxel in the target" lookups, 1x1 kernel maps)
+                    and GridBatch.ijk_to_index
+      convolutions  ConvolutionPlan.execute, forward, and its backward (from a hook on the output's
+                    gradient to a hook after the backward node), both input and weight gradients
+    The caller adds spans of its own with span(name); calls inside a span are counted in that span only
+    (the training step puts the ground-truth pyramid in a "pyramid" span). Topology is every category
+    but convolutions. Per-plan data derived lazily (the transposed map of the backward pass) is counted
+    where it is first used.
+    """
+
+    TOPOLOGY = ("grids", "plans", "pruning", "labels", "pyramid")
+    CATEGORIES = TOPOLOGY + ("convolutions",)
+    WRAPPED = [  # (category, owner, names); None: this module
+        ("grids", sg.GridBatch, ("from_ijk", "from_points", "from_mesh", "conv_grid", "conv_transpose_grid",
+                                 "coarsened_grid", "refined_grid", "dilated_grid", "merged_grid")),
+        ("plans", sg.ConvolutionPlan, ("from_grid", "from_grid_transposed", "transposed")),
+        ("pruning", sg.GridBatch, ("pruned_grid",)),
+        ("labels", sg.GridBatch, ("ijk_to_index",)),
+        ("labels", None, ("contained_in",)),
+    ]
+
+    def __init__(self, device, enabled=True):
+        self.cuda = torch.device(device).type == "cuda"
+        self.enabled = enabled
+        self.spans = []  # (category, start mark, stop mark)
+        self.depth = 0
+        self.originals = []
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def span(self, category):
+        if not self.enabled or self.depth:
+            yield
+            return
+        self.depth += 1
+        start = self.mark()
+        try:
+            yield
+        finally:
+            self.spans.append((category, start, self.mark()))
+            self.depth -= 1
+
+    def synchronize(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def collect(self):
+        """Seconds per category of the spans since the last collect, after waiting for the device."""
+        self.synchronize()
+        seconds = dict.fromkeys(self.CATEGORIES, 0.0)
+        for category, start, stop in self.spans:
+            seconds[category] += start.elapsed_time(stop) * 1e-3 if self.cuda else stop - start
+        self.spans.clear()
+        return seconds
+
+    def install(self):
+        if self.originals:
+            return self
+        for category, owner, names in self.WRAPPED:
+            owner = owner or sys.modules[__name__]  # the Decoder looks contained_in up in these globals
+            for name in names:
+                original = inspect.getattr_static(owner, name, None)
+                if original is None:
+                    continue
+                static = isinstance(original, staticmethod)
+                wrapped = self._timed(category, original.__func__ if static else original)
+                setattr(owner, name, staticmethod(wrapped) if static else wrapped)
+                self.originals.append((owner, name, original))
+        original_execute = sg.ConvolutionPlan.execute
+        profiler = self
+
+        def execute(plan, features, weight):
+            with profiler.span("convolutions"):
+                out = original_execute(plan, features, weight)
+            if profiler.enabled and out.grad_fn is not None:
+                profiler._time_backward(out)
+            return out
+
+        sg.ConvolutionPlan.execute = execute
+        self.originals.append((sg.ConvolutionPlan, "execute", original_execute))
+        return self
+
+    def uninstall(self):
+        for owner, name, original in reversed(self.originals):
+            setattr(owner, name, original)
+        self.originals.clear()
+
+    def _timed(self, category, function):
+        profiler = self
+
+        def timed(*args, **kwargs):
+            with profiler.span(category):
+                return function(*args, **kwargs)
+
+        timed.__wrapped__ = function
+        return timed
+
+    def _time_backward(self, out):
+        # The output's gradient hook runs right before the convolution's backward node, the node's
+        # hook right after it (on the thread and stream autograd runs that node on).
+        marks = []
+
+        def before(grad):
+            marks.append(self.mark())
+
+        def after(grad_inputs, grad_outputs):
+            if marks:
+                self.spans.append(("convolutions", marks.pop(), self.mark()))
+
+        out.register_hook(before)
+        out.grad_fn.register_hook(after)
+
+
+class Progress:
+    """A progress line every `every` iterations: a bar, the window's mean loss and its per-iteration time
+    split. Losses stay on the device until a line is printed, and the device is synchronised only there,
+    so reporting adds no synchronisation to the steps."""
+
+    def __init__(self, iterations, every, profiler, log=print):
+        self.iterations, self.every, self.profiler, self.log = iterations, every, profiler, log
+        self.losses = []
+        self.iteration = 0
+        self.window_first = 0
+        self.window_voxels = 0
+        self.profiler.collect()  # drops spans from before training
+        self.window_start = time.perf_counter()
+
+    def step(self, loss, voxels=0):
+        """loss: the iteration's loss, a detached scalar tensor (left on its device)."""
+        self.iteration += 1
+        self.losses.append(loss)
+        self.window_voxels += voxels
+        if self.iteration % self.every == 0 or self.iteration == self.iterations:
+            self.report()
+
+    def report(self):
+        split = self.profiler.collect()
+        count = self.iteration - self.window_first
+        ms = 1e3 * (time.perf_counter() - self.window_start) / count
+        loss = torch.stack(self.losses[self.window_first:]).mean().item()
+        filled = round(20 * self.iteration / self.iterations)
+        line = (f"[{'#' * filled}{'.' * (20 - filled)}] iteration {self.iteration:5d}/{self.iterations}  "
+                f"loss {loss:.4f}  {ms:7.1f} ms/iter")
+        if self.profiler.enabled:
+            topology = 1e3 * sum(split[c] for c in StepProfiler.TOPOLOGY) / count
+            convolutions = 1e3 * split["convolutions"] / count
+            line += (f": topology+plans {topology:6.1f} ms (pyramid {1e3 * split['pyramid'] / count:.1f}), "
+                     f"convolutions {convolutions:6.1f} ms, other {ms - topology - convolutions:6.1f} ms")
+        if self.window_voxels:
+            line += f"; {self.window_voxels // count} decoder voxels/iter"
+        self.log(line, flush=True)
+        self.window_first, self.window_voxels = self.iteration, 0
+        self.window_start = time.perf_counter()
+
+    def curve(self):
+        """Every iteration's loss, as floats (one transfer)."""
+        return torch.stack(self.losses).tolist() if self.losses else []
+
+    def window_means(self):
+        curve = self.curve()
+        return [sum(curve[i:i + self.every]) / len(curve[i:i + self.every]) for i in range(0, len(curve), self.every)]
 
 
 def mesh_shape(path, resolution):
@@ -151,9 +329,31 @@ def mesh_shape(path, resolution):
     return grid.ijk
 
 
+def add_device_argument(parser):
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="where the model, data and topology live (auto: cuda when torch sees a GPU)")
+
+
+def resolve_device(name):
+    """'auto' -> 'cuda' when torch sees a GPU, else 'cpu'; 'cuda' without a GPU is an error."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device (torch.cuda.is_available() is False)")
+    return name
+
+
+def check_resolution(resolution):
+    step = 2 ** LEVELS
+    if resolution < step or resolution % step != 0:
+        raise SystemExit(f"--resolution must be a positive multiple of {step} (the decoder subdivides a seed "
+                         f"cube {LEVELS} times), got {resolution}")
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description="Shape VAE on sparse voxel grids")
-    parser.add_argument("--resolution", type=int, default=32)
+    add_device_argument(parser)
+    parser.add_argument("--resolution", type=int, default=32, help="a multiple of 16")
     parser.add_argument("--batch", type=int, default=8, help="shapes per batch and process")
     parser.add_argument("--shapes", type=int, default=64, help="procedural shapes in the training set")
     parser.add_argument("--meshes", nargs="*", default=[str(ROOT / "data" / "bunny.ply")],
@@ -165,56 +365,73 @@ def parse_args(argv=None):
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=20)
+    parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
+                        help="print only the total time per iteration (no per-call timing spans)")
     parser.add_argument("--output", default=None, help="directory for loss.png and reconstructions.png")
-    parser.add_argument("--world-size", type=int, default=1, help="processes (torch.distributed, gloo)")
+    parser.add_argument("--world-size", type=int, default=1,
+                        help="processes (torch.distributed: NCCL, one GPU each, on CUDA; gloo on the CPU)")
     args = parser.parse_args(argv)
-    if args.resolution % 2 ** LEVELS != 0 or args.resolution // 2 ** LEVELS != 2:
-        raise SystemExit(f"--resolution must be {2 * 2 ** LEVELS} (the decoder grows a 2^3 seed {LEVELS} times)")
+    check_resolution(args.resolution)
+    args.device = resolve_device(args.device)
+    if args.device == "cuda" and args.world_size > torch.cuda.device_count():
+        raise SystemExit(f"--world-size {args.world_size} needs one GPU per process, torch sees "
+                         f"{torch.cuda.device_count()}")
     return args
+
+
+def build_model(args, device):
+    """Encoder and decoder with the initial parameters of torch.manual_seed(args.seed), on device."""
+    torch.manual_seed(args.seed)
+    encoder = Encoder(args.channels, args.latent)
+    decoder = Decoder(list(reversed(args.channels)), args.latent, seed_side=args.resolution // 2 ** LEVELS)
+    return encoder.to(device), decoder.to(device)
+
+
+def vae_step(encoder, decoder, optimizer, target, kl_weight, profiler):
+    """One training step on the grid batch target: returns the loss (a detached device scalar) and the
+    number of voxels the decoder generated over its levels (host metadata)."""
+    x = snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=next(decoder.parameters()).device))
+    mean, log_var = encoder(x)
+    z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
+    with profiler.span("pyramid"):
+        pyramid = target_pyramid(target)
+    _, _, outputs = decoder(z, pyramid)
+    bce = nn.functional.binary_cross_entropy_with_logits
+    reconstruction = sum(bce(logits, labels.float()) for logits, labels in outputs) / LEVELS
+    kl = -0.5 * torch.mean(torch.sum(1 + log_var - mean.square() - log_var.exp(), dim=1))
+    loss = reconstruction + kl_weight * kl
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach(), sum(logits.numel() for logits, _ in outputs)
 
 
 def train(rank, world_size, args):
     distributed = world_size > 1
-    torch.manual_seed(args.seed)  # identical initial parameters on every rank
+    device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     shapes = sg.synthetic_shapes(args.shapes, args.resolution, args.seed)
     shapes += [mesh_shape(path, args.resolution) for path in args.meshes]
-    encoder, decoder = Encoder(args.channels, args.latent), Decoder(list(reversed(args.channels)), args.latent)
+    shapes = [shape.to(device) for shape in shapes]
+    encoder, decoder = build_model(args, device)  # identical initial parameters on every rank
     if distributed:
-        encoder = nn.parallel.DistributedDataParallel(encoder)
-        decoder = nn.parallel.DistributedDataParallel(decoder)
+        device_ids = [device.index] if device.type == "cuda" else None
+        encoder = nn.parallel.DistributedDataParallel(encoder, device_ids=device_ids)
+        decoder = nn.parallel.DistributedDataParallel(decoder, device_ids=device_ids)
     params = list(encoder.parameters()) + list(decoder.parameters())
     optimizer = torch.optim.Adam(params, lr=args.lr)
-    bce = nn.BCEWithLogitsLoss()
-    timers = Timers()
-    timers.install()
+    profiler = StepProfiler(device, enabled=args.breakdown).install()
     sampler = torch.Generator().manual_seed(args.seed * 1000 + rank)  # each rank its own batches
     log = print if rank == 0 else (lambda *a, **k: None)
-    log(f"shape VAE: {len(shapes)} shapes ({args.shapes} procedural, {len(args.meshes)} meshes) at resolution "
-        f"{args.resolution}, batch {args.batch} x {world_size} processes, {sum(p.numel() for p in params)} "
-        f"parameters, {torch.get_num_threads()} torch threads")
-    window = {"loss": 0.0, "total": 0.0, "plans": 0.0, "convs": 0.0, "voxels": 0, "count": 0}
-    curve = []
-    for iteration in range(1, args.iterations + 1):
-        start = time.perf_counter()
-        plans_before, convs_before = timers.plans, timers.convs
+    backend = f", {torch.distributed.get_backend()}" if distributed else ""
+    log(f"shape VAE on {device.type}: {len(shapes)} shapes ({args.shapes} procedural, {len(args.meshes)} meshes) "
+        f"at resolution {args.resolution}, batch {args.batch} x {world_size} processes{backend}, "
+        f"{sum(p.numel() for p in params)} parameters, {torch.get_num_threads()} torch threads", flush=True)
+    progress = Progress(args.iterations, args.print_every, profiler, log)
+    for _ in range(args.iterations):
         pick = torch.randint(0, len(shapes), (args.batch,), generator=sampler).tolist()
         target = sg.GridBatch.from_ijk([shapes[i] for i in pick])
-        x = snn.SparseFeatures(target, torch.ones(target.num_voxels, 1))
-        mean, log_var = encoder(x)
-        z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
-        _, _, outputs = decoder(z, target_pyramid(target))
-        reconstruction = sum(bce(logits, labels.float()) for logits, labels in outputs) / LEVELS
-        kl = -0.5 * torch.mean(torch.sum(1 + log_var - mean.square() - log_var.exp(), dim=1))
-        loss = reconstruction + args.kl_weight * kl
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        curve.append(loss.item())
-        accumulate(window, loss.item(), start, timers, plans_before, convs_before,
-                   voxels=sum(logits.numel() for logits, _ in outputs))
-        if iteration % args.print_every == 0 or iteration == args.iterations:
-            log(window_report(iteration, window), flush=True)
-            window = {key: 0 for key in window}
+        progress.step(*vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler))
+    profiler.uninstall()
 
     if distributed:
         # DDP keeps the replicas identical: every rank's parameters must match rank 0's.
@@ -231,39 +448,23 @@ def train(rank, world_size, args):
     with torch.no_grad():
         shown = list(range(min(args.batch, 6))) + list(range(args.shapes, len(shapes)))
         target = sg.GridBatch.from_ijk([shapes[i] for i in shown])
-        mean, _ = encoder(snn.SparseFeatures(target, torch.ones(target.num_voxels, 1)))
+        mean, _ = encoder(snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=device)))
         grid, occupied, _ = decoder(mean)
         predicted = grid.pruned_grid(occupied)
         scores = iou(predicted, target)
-    windows = [sum(curve[i:i + args.print_every]) / len(curve[i:i + args.print_every])
-               for i in range(0, len(curve), args.print_every)]
+    windows = progress.window_means()
     print(f"loss: first window {windows[0]:.4f}, last window {windows[-1]:.4f}")
     print("reconstruction IoU (procedural shapes, then meshes): " + " ".join(f"{v:.2f}" for v in scores.tolist())
           + f" (mean {scores.mean():.3f})")
     if args.output:
-        write_figures(pathlib.Path(args.output), curve, target, predicted, scores)
+        write_figures(pathlib.Path(args.output), progress.curve(), target, predicted, scores)
 
 
-def accumulate(window, loss, start, timers, plans_before, convs_before, voxels=0):
-    """Adds one iteration (started at `start`) to the reporting window."""
-    window["loss"] += loss
-    window["total"] += time.perf_counter() - start
-    window["plans"] += timers.plans - plans_before
-    window["convs"] += timers.convs - convs_before
-    window["voxels"] += voxels
-    window["count"] += 1
+def figures_available():
+    """Whether matplotlib is importable (the figures are skipped, with a message, when it is not)."""
+    import importlib.util
 
-
-def window_report(iteration, window):
-    """One progress line: mean loss and time split over the iterations since the last report."""
-    n = window["count"]
-    total = window["total"] / n
-    line = (f"iteration {iteration:5d}  loss {window['loss'] / n:.4f}  {1e3 * total:7.1f} ms/iter: "
-            f"topology+plans {1e3 * window['plans'] / n:6.1f} ms, convolutions {1e3 * window['convs'] / n:6.1f} ms, "
-            f"other {1e3 * (total - (window['plans'] + window['convs']) / n):6.1f} ms")
-    if window.get("voxels"):
-        line += f"; {window['voxels'] // n} decoder voxels/iter"
-    return line
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def plot_loss(path, curve, label):
@@ -300,9 +501,10 @@ def render_rows(path, rows, scores, scored_row):
     fig = plt.figure(figsize=(2.6 * count, 2.6 * len(rows)))
     for row, (grid, title) in enumerate(rows):
         offsets = grid.joffsets.tolist()
+        ijk = grid.ijk.cpu()
         for m in range(count):
             ax = fig.add_subplot(len(rows), count, row * count + m + 1, projection="3d")
-            points = grid.ijk[offsets[m]:offsets[m + 1]].float()
+            points = ijk[offsets[m]:offsets[m + 1]].float()
             if points.shape[0]:
                 ax.scatter(points[:, 0], points[:, 1], points[:, 2], s=2, c=points[:, 2], cmap="viridis",
                            marker="s", linewidths=0)
@@ -314,13 +516,19 @@ def render_rows(path, rows, scores, scored_row):
 
 
 def write_figures(directory, curve, target, predicted, scores):
+    if not figures_available():
+        print(f"matplotlib is not installed: no figures written to {directory}")
+        return
     plot_loss(directory / "loss.png", curve, "loss (occupancy BCE + KL)")
     render_rows(directory / "reconstructions.png", [(target, "input"), (predicted, "reconstruction")], scores, 1)
     print(f"wrote {directory / 'loss.png'} and {directory / 'reconstructions.png'}")
 
 
 def worker(rank, world_size, port, args):
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                          world_size=world_size)
     try:
         train(rank, world_size, args)
@@ -337,6 +545,10 @@ def free_port():
 def main(argv=None):
     args = parse_args(argv)
     if args.world_size > 1:
+        if args.device == "cuda":
+            # NVLink multicast (NVLS) stays off unless the environment turns it on: DDP's all-reduces of a
+            # few MB gain nothing from it, and it needs multicast support that not every host grants.
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         torch.multiprocessing.spawn(worker, args=(args.world_size, free_port(), args), nprocs=args.world_size)
     else:
         train(0, 1, args)

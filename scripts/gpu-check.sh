@@ -76,6 +76,19 @@ for dtype in float32 float16; do
   step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
     --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
 done
+# Through the PyTorch layer: convolutions against per-tap torch ops, dense conv3d and an equal-FLOP GEMM,
+# and the shape VAE's training step.
+if [ -f "$build/python/libsparsegrid_torch.so" ]; then
+  export PYTHONPATH="$root/python" SPARSEGRID_TORCH_LIBRARY="$build/python/libsparsegrid_torch.so"
+  step "conv bench (torch) float32" bash -c "python3 '$root/bench/conv_bench.py' --device cuda --repeats 20 --warmup 5 \
+    --input '$root/data/reference_batch_r64.txt' --json '$out/conv_torch_float32.json' | tee '$out/conv_torch_float32.md'"
+  step "conv bench (torch) float16" bash -c "python3 '$root/bench/conv_bench.py' --device cuda --repeats 20 --warmup 5 \
+    --dtype float16 --input '$root/data/reference_batch_r64.txt' | tee '$out/conv_torch_float16.md'"
+  if [ -f "$root/bench/train_step.py" ]; then
+    step "train step" bash -c "python3 '$root/bench/train_step.py' --device cuda --json '$out/train_step.json' \
+      | tee '$out/train_step.md'"
+  fi
+fi
 # Lookups by binary search instead of the hash table, for comparison.
 step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \
   --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check

@@ -96,8 +96,8 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
     constexpr int TN = 4;
     constexpr int kColumns = BN / TN;
     static_assert((BM / TM) * kColumns == kConvThreads, "tile shape must use every thread");
-    __shared__ A a_tile[BK][BM + 4];
-    __shared__ A b_tile[BK][BN];
+    __shared__ __align__(16) A a_tile[BK][BM + 4];
+    __shared__ __align__(16) A b_tile[BK][BN];
     __shared__ int32_t source[BM];
     __shared__ int64_t row_of[BM];  // the block's rows: positions row0.. of `order`, -1 past the end
 

@@ -1,37 +1,105 @@
-"""The training example runs end to end, in one process and with DDP over 2 gloo processes."""
+"""The training examples and the training-step benchmark run end to end, in one process and with DDP
+over 2 processes (gloo on the CPU; NCCL when 2 GPUs are present), on the CPU and, when torch sees a GPU
+and the library has its CUDA backend (or SPARSEGRID_REQUIRE_CUDA=1 demands it), on CUDA."""
 
+import json
 import os
 import pathlib
 import subprocess
 import sys
 
+import pytest
+import torch
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "examples"))
+import sparsegrid as sg  # noqa: E402
+import vae  # noqa: E402
+
+CUDA = torch.cuda.is_available() and sg.cuda_backend_available()
+DEVICES = ["cpu"] + (["cuda"] if CUDA or os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1" else [])
 
 
-def run_example(*args, script="vae.py"):
+def run_script(path, *args):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, str(ROOT / path), *args], env=env, capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
 
-def test_vae_trains_and_writes_figures(tmp_path):
-    out = run_example("--iterations", "4", "--print-every", "2", "--batch", "2", "--shapes", "4",
+def run_example(*args, script="vae.py"):
+    return run_script(pathlib.Path("examples") / script, *args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_vae_trains_and_writes_figures(tmp_path, device):
+    out = run_example("--device", device, "--iterations", "4", "--print-every", "2", "--batch", "2", "--shapes", "4",
                       "--output", str(tmp_path))
-    assert "iteration     4" in out and "reconstruction IoU" in out
+    assert f"shape VAE on {device}" in out
+    assert "iteration     4/4" in out and "topology+plans" in out and "reconstruction IoU" in out
     assert (tmp_path / "loss.png").stat().st_size > 0
     assert (tmp_path / "reconstructions.png").stat().st_size > 0
 
 
 def test_vae_data_parallel_keeps_replicas_identical():
-    out = run_example("--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
+    out = run_example("--device", "cpu", "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
                       "--world-size", "2")
+    assert "gloo" in out
     assert "parameters identical on all 2 ranks: yes" in out
 
 
-def test_completion_trains_and_writes_figures(tmp_path):
-    out = run_example("--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
+@pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs 2 GPUs and the CUDA backend")
+def test_vae_data_parallel_on_two_gpus_uses_nccl():
+    out = run_example("--device", "cuda", "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
+                      "--world-size", "2")
+    assert "nccl" in out
+    assert "parameters identical on all 2 ranks: yes" in out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_completion_trains_and_writes_figures(tmp_path, device):
+    out = run_example("--device", device, "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
                       "--output", str(tmp_path), script="completion.py")
+    assert f"shape completion on {device}" in out
     assert "IoU with the full shapes" in out
     assert (tmp_path / "completions.png").stat().st_size > 0
+
+
+def test_step_profiler_counts_forward_and_backward_convolutions():
+    # On the CPU every call is synchronous and each span encloses the library's own timed region, so the
+    # spans' convolution time is at least the library's counter, which includes the backward passes.
+    args = vae.parse_args(["--device", "cpu", "--resolution", "16", "--batch", "2"])
+    encoder, decoder = vae.build_model(args, torch.device("cpu"))
+    optimizer = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()))
+    target = sg.GridBatch.from_ijk(sg.synthetic_shapes(2, 16, seed=3))
+    original_execute = sg.ConvolutionPlan.execute
+    profiler = vae.StepProfiler("cpu").install()
+    try:
+        profiler.collect()
+        before = sg.convolution_seconds()
+        for _ in range(2):
+            vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler)
+        counted = sg.convolution_seconds() - before
+        seconds = profiler.collect()
+    finally:
+        profiler.uninstall()
+    assert seconds["convolutions"] >= counted > 0
+    assert all(seconds[category] > 0 for category in ("grids", "plans", "pruning", "labels", "pyramid"))
+    assert sg.ConvolutionPlan.execute is original_execute
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_train_step_benchmark_writes_table_and_json(tmp_path, device):
+    path = tmp_path / "train_step.json"
+    out = run_script("bench/train_step.py", "--device", device, "--resolution", "16", "--batch", "2", "3",
+                     "--iterations", "2", "--warmup", "1", "--profile-iterations", "2", "--json", str(path))
+    assert "| batch | input voxels |" in out
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["batch"] for row in rows] == [2, 3]
+    for row in rows:
+        assert row["step_ms"] > 0 and row["convolution_ms"] > 0 and row["rest_ms"] >= 0
+        assert row["topology_ms"] > 0 and row["plans_ms"] > 0 and row["pyramid_ms"] > 0
+        assert 0 < row["topology_fraction"] < 1
+        if device == "cuda":
+            assert 0 < row["gpu_busy"] <= 1 and row["kernels_per_step"] > 0
