@@ -46,7 +46,7 @@ std::vector<std::vector<sparsegrid::Vec3i>> load_members(const BenchOptions& opt
 /// code: 0, or 1 when a result differs from the naive reference.
 int run_bench(const BenchOptions& options, std::ostream& out);
 
-/// `sparsegrid conv`: times plan construction and the three executions of a k3s1 convolution and a
+/// `sparsegrid conv`: times plan construction and the three executions of a submanifold k3s1 convolution and a
 /// generative k2s2 transposed convolution on the batch, per channel count. Returns 0.
 int run_conv_bench(const BenchOptions& options, std::ostream& out);
 

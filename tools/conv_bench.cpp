@@ -1,8 +1,9 @@
-// `sparsegrid conv`: the convolution kernels on their own, without a framework around them. For a k3s1
-// convolution on the batch's grid and the generative k2s2 transposed convolution from it, per channel
-// count (in = out = C): plan construction (maps and execution order), forward, input gradient and
-// weight gradient, median of the timed runs on the device's stream. FLOP counts are those of the
-// edges (2 * edges * C * C per execution), so rates compare with a dense GEMM of the same work.
+// `sparsegrid conv`: the convolution kernels on their own, without a framework around them. For a
+// submanifold k3s1 convolution (the batch's grid onto itself) and the generative k2s2 transposed
+// convolution from it, per channel count (in = out = C): plan construction (maps and execution order),
+// forward, input gradient and weight gradient, median of the timed runs on the device's stream. FLOP
+// counts are those of the edges (2 * edges * C * C per execution), so rates compare with a dense GEMM
+// of the same work.
 #include "bench.h"
 
 #include <sparsegrid/convolution.h>
@@ -103,7 +104,7 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
         throw UsageError("conv: --dtype " + options.dtype + " runs on CUDA only; use --device cuda");
     const GridBatch grid = GridBatch::from_ijk(members, {}, context);
     const std::vector<Layer> layers{
-        {"k3s1", [](const GridBatch& g) { return ConvolutionPlan::make(g, {3, 3, 3}, {1, 1, 1}); }},
+        {"k3s1 submanifold", [](const GridBatch& g) { return ConvolutionPlan::make(g, g, {3, 3, 3}, {1, 1, 1}); }},
         {"k2s2 generative transposed",
          [](const GridBatch& g) { return ConvolutionPlan::make_transposed(g, {2, 2, 2}, {2, 2, 2}); }},
     };

@@ -16,7 +16,7 @@ import pathlib
 import torch
 
 __all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "convolution_seconds",
-           "host_synchronizations", "cuda_backend_available", "library_path", "nn"]
+           "host_synchronizations", "cuda_backend_available", "mesh_loading_available", "library_path", "nn"]
 
 
 def _candidate_libraries():
@@ -303,6 +303,11 @@ def host_synchronizations():
     """Times the library has waited for a CUDA stream so far (process-wide): read it before and after an
     operation to count that operation's synchronisations. Always 0 on the CPU."""
     return torch.ops.sparsegrid.host_synchronizations()
+
+
+def mesh_loading_available():
+    """True when the library was built with assimp, so that load_mesh reads files."""
+    return torch.ops.sparsegrid.mesh_loading_available()
 
 
 def cuda_backend_available():

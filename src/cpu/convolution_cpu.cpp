@@ -59,8 +59,10 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     // One task per (tap, block of output channels): a single pass over the rows in increasing order
     // accumulates the block's [channels, in_channels] outer products, so every sum has a fixed order.
     const int threads = threads_for(rows * volume);
-    const int64_t blocks_per_tap = std::max<int64_t>(1, std::min<int64_t>(out_channels, (2 * threads + volume - 1) / volume));
-    const int64_t block = (out_channels + blocks_per_tap - 1) / blocks_per_tap;
+    const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(out_channels, (2 * threads + volume - 1) / volume));
+    const int64_t block = (out_channels + wanted - 1) / wanted;
+    // Every block non-empty: with block rounded up, fewer blocks may cover the channels.
+    const int64_t blocks_per_tap = (out_channels + block - 1) / block;
     const int64_t tasks = int64_t{volume} * blocks_per_tap;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
     for (int64_t task = 0; task < tasks; ++task) {

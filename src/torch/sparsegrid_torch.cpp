@@ -736,6 +736,7 @@ TORCH_LIBRARY(sparsegrid, m) {
     m.def("convolution_seconds", [] { return static_cast<double>(g_convolution_nanoseconds.load()) * 1e-9; });
     m.def("host_synchronizations", [] { return sparsegrid::host_synchronizations(); });
     m.def("cuda_backend_available", [] { return sparsegrid::cuda_backend_available(); });
+    m.def("mesh_loading_available", [] { return sparsegrid::mesh_loading_available(); });
 }
 
 }  // namespace sparsegrid_torch

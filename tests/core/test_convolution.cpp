@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 #include <sparsegrid/convolution.h>
+#include <sparsegrid/shapes.h>
 
 #include <gtest/gtest.h>
 
@@ -237,6 +238,28 @@ TEST(Convolution, Float32AgreesWithFloat64AndIsDeterministic) {
     plan.backward_weight(x32.data(), g.data(), gw2.data(), cin, cout, DType::Float32);
     sparsegrid::set_cpu_threads(0);
     EXPECT_EQ(gw1, gw2);
+}
+
+TEST(Convolution, WeightGradientIndependentOfThreadCount) {
+    // Channel blocks per tap depend on the thread count; every count must cover the channels exactly.
+    Rng rng(31);
+    const GridBatch grid = GridBatch::from_ijk(sparsegrid::synthetic_surface_batch(8, 48, 31));  // parallel sizes
+    for (const ConvolutionPlan& plan : {ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1}),
+                                        ConvolutionPlan::make(grid, {2, 2, 2}, {2, 2, 2})}) {
+        const int64_t cin = 3, cout = 70, volume = plan.kernel_volume();
+        const std::vector<double> x = random_values(rng, plan.source_grid().num_voxels() * cin);
+        const std::vector<double> g = random_values(rng, plan.target_grid().num_voxels() * cout);
+        std::vector<double> reference(static_cast<size_t>(cout * cin * volume));
+        sparsegrid::set_cpu_threads(1);
+        plan.backward_weight(x.data(), g.data(), reference.data(), cin, cout, DType::Float64);
+        for (const int threads : {2, 3, 16, 40}) {
+            sparsegrid::set_cpu_threads(threads);
+            std::vector<double> gw(reference.size(), -7.0);
+            plan.backward_weight(x.data(), g.data(), gw.data(), cin, cout, DType::Float64);
+            EXPECT_EQ(gw, reference) << threads << " threads";
+        }
+        sparsegrid::set_cpu_threads(0);
+    }
 }
 
 TEST(Convolution, BadArgumentsRaise) {
