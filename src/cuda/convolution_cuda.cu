@@ -10,7 +10,7 @@
 //
 // Weight gradient: per tap, a GEMM over the rows that have an edge at that tap. Rows are split into a
 // shape-determined number of chunks; each block compacts its chunk's edges (block scan, order kept),
-// accumulates a 32 x 32 tile of [in_channels, out_channels] and writes it to its own slot; a second
+// accumulates a 32 x 32 or 64 x 64 tile of [in_channels, out_channels] into its own slot; a second
 // kernel adds the slots in chunk order. No atomics anywhere, so every result is bitwise reproducible.
 #include "cuda/convolution_cuda.h"
 
@@ -23,6 +23,8 @@
 #include <mma.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 namespace sparsegrid::detail::cuda {
@@ -302,32 +304,31 @@ bool tensor_cores_available(const Context& ctx) {
     return major >= 8;
 }
 
-constexpr int kGradTile = 32;
 constexpr int kGradScan = 256;
 
 /// partial[chunk][t][ci][co] = sum over the chunk's rows r with an edge at t of x[s, ci] * grad[r, co].
-template <typename T, typename A, int BK>
+template <typename T, typename A, int Tile, int BK>
 __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t* __restrict__ map, int64_t rows,
                                                                   int32_t volume, const T* __restrict__ x,
                                                                   const T* __restrict__ grad,
                                                                   A* __restrict__ partial, int32_t in_channels,
                                                                   int32_t out_channels, int64_t rows_per_chunk,
                                                                   int32_t tiles_n) {
-    constexpr int TM = 2;
-    constexpr int TN = 2;
-    constexpr int kColumns = kGradTile / TN;
+    constexpr int TM = Tile / 16;  // a 16 x 16 thread grid, TM x TN outputs each
+    constexpr int TN = Tile / 16;
+    constexpr int kColumns = Tile / TN;
     using BlockScan = cub::BlockScan<int, kConvThreads>;
     __shared__ typename BlockScan::TempStorage scan_storage;
     __shared__ int32_t edge_source[kGradScan];
     __shared__ int64_t edge_row[kGradScan];
-    __shared__ A a_tile[BK][kGradTile + 1];
-    __shared__ A b_tile[BK][kGradTile + 1];
+    __shared__ __align__(16) A a_tile[BK][Tile + 4];
+    __shared__ __align__(16) A b_tile[BK][Tile + 4];
 
     const int tid = static_cast<int>(threadIdx.x);
     const int ty = tid / kColumns;
     const int tx = tid % kColumns;
-    const int m0 = static_cast<int>(blockIdx.x / tiles_n) * kGradTile;
-    const int n0 = static_cast<int>(blockIdx.x % tiles_n) * kGradTile;
+    const int m0 = static_cast<int>(blockIdx.x / tiles_n) * Tile;
+    const int n0 = static_cast<int>(blockIdx.x % tiles_n) * Tile;
     const int64_t chunk = blockIdx.y;
     const int32_t t = static_cast<int32_t>(blockIdx.z);
     const int64_t begin = chunk * rows_per_chunk;
@@ -353,9 +354,9 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
         }
         __syncthreads();
         for (int k0 = 0; k0 < edges; k0 += BK) {
-            for (int idx = tid; idx < BK * kGradTile; idx += kConvThreads) {
-                const int kk = idx / kGradTile;
-                const int c = idx % kGradTile;
+            for (int idx = tid; idx < BK * Tile; idx += kConvThreads) {
+                const int kk = idx / Tile;
+                const int c = idx % Tile;
                 const bool valid = k0 + kk < edges;
                 const int ci = m0 + c;
                 const int co = n0 + c;
@@ -490,8 +491,10 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     using A = typename AccumulatorOf<T>::type;
     check_sizes("ConvolutionPlan::backward_weight (CUDA)", rows, volume, in_channels, out_channels);
     const cudaStream_t stream = stream_of(ctx);
-    const int64_t tiles_m = (in_channels + kGradTile - 1) / kGradTile;
-    const int64_t tiles_n = (out_channels + kGradTile - 1) / kGradTile;
+    // 64 x 64 tiles (4 x 4 outputs per thread) once both channel counts exceed 32, else 32 x 32.
+    const int tile = in_channels > 32 && out_channels > 32 ? 64 : 32;
+    const int64_t tiles_m = (in_channels + tile - 1) / tile;
+    const int64_t tiles_n = (out_channels + tile - 1) / tile;
     if (tiles_m * tiles_n > INT32_MAX)
         throw_error("ConvolutionPlan::backward_weight (CUDA): ", in_channels, " x ", out_channels,
                     " channels exceed the CUDA grid limit");
@@ -506,9 +509,14 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
         constexpr int BK = sizeof(A) == 8 ? 8 : 16;
         const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(chunks),
                         static_cast<unsigned>(volume));
-        weight_grad_kernel<T, A, BK><<<grid, kConvThreads, 0, stream>>>(
-            map, rows, volume, x, grad, partial.data(), static_cast<int32_t>(in_channels),
-            static_cast<int32_t>(out_channels), rows_per_chunk, static_cast<int32_t>(tiles_n));
+        const auto cin = static_cast<int32_t>(in_channels), cout = static_cast<int32_t>(out_channels);
+        const auto columns = static_cast<int32_t>(tiles_n);
+        if (tile == 64)
+            weight_grad_kernel<T, A, 64, BK><<<grid, kConvThreads, 0, stream>>>(
+                map, rows, volume, x, grad, partial.data(), cin, cout, rows_per_chunk, columns);
+        else
+            weight_grad_kernel<T, A, 32, BK><<<grid, kConvThreads, 0, stream>>>(
+                map, rows, volume, x, grad, partial.data(), cin, cout, rows_per_chunk, columns);
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     const int64_t total = int64_t{volume} * in_channels * out_channels;
@@ -549,8 +557,17 @@ Buffer<int32_t> row_order_typed(const int32_t* map, int64_t rows, int32_t volume
 
 }  // namespace
 
+/// SPARSEGRID_CONV_ORDER=0 takes rows in voxel order (for measurements; results are equal).
+bool use_row_order() {
+    static const bool enabled = [] {
+        const char* value = std::getenv("SPARSEGRID_CONV_ORDER");
+        return !(value && std::string(value) == "0");
+    }();
+    return enabled;
+}
+
 Buffer<int32_t> row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
-    if (map == nullptr || rows == 0 || volume <= 1 || volume > 64 || rows > INT32_MAX) return {};
+    if (!use_row_order() || map == nullptr || rows == 0 || volume <= 1 || volume > 64 || rows > INT32_MAX) return {};
     DeviceGuard guard(ctx);
     return volume <= 32 ? row_order_typed<uint32_t>(map, rows, volume, ctx)
                         : row_order_typed<uint64_t>(map, rows, volume, ctx);
