@@ -397,6 +397,121 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
     }
 }
 
+/// Tensor-core variant of weight_grad_kernel for float16 / bfloat16: 4 warps, a 64 x 64 tile of
+/// [in_channels, out_channels], float32 accumulators; edges compacted and consumed in the same order.
+template <typename T>
+__global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* __restrict__ map, int64_t rows,
+                                                                int32_t volume, const T* __restrict__ x,
+                                                                const T* __restrict__ grad,
+                                                                float* __restrict__ partial, int32_t in_channels,
+                                                                int32_t out_channels, int64_t rows_per_chunk,
+                                                                int32_t tiles_n, bool vector_x, bool vector_g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // never launched there: tensor_cores_available() is false below compute capability 8.0
+#else
+    using namespace nvcuda;
+    constexpr int kTile = 64, BK = 32, kScan = 128;
+    constexpr int kLd = kTile + 8, kLdc = kTile + 4;
+    using BlockScan = cub::BlockScan<int, 128>;
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ int32_t edge_source[kScan];
+    __shared__ int64_t edge_row[kScan];
+    __shared__ __align__(32) T a_tile[BK * kLd];  // [k][ci]: the A operand (ci x k) in column-major order
+    __shared__ __align__(32) T b_tile[BK * kLd];  // [k][co]
+    __shared__ __align__(32) float c_tile[kTile * kLdc];
+
+    const int tid = static_cast<int>(threadIdx.x);
+    const int warp = tid / 32;
+    const int warp_m = (warp / 2) * 32;
+    const int warp_n = (warp % 2) * 32;
+    const int m0 = static_cast<int>(blockIdx.x / tiles_n) * kTile;
+    const int n0 = static_cast<int>(blockIdx.x % tiles_n) * kTile;
+    const int64_t chunk = blockIdx.y;
+    const int32_t t = static_cast<int32_t>(blockIdx.z);
+    const int64_t begin = chunk * rows_per_chunk;
+    const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+    const T zero = from_acc<T>(0.0f);
+
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+    for (int64_t base = begin; base < end; base += kScan) {
+        const int64_t r = base + tid;
+        int32_t s = -1;
+        if (r < end) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
+        const int has_edge = s >= 0 ? 1 : 0;
+        int position = 0;
+        int edges = 0;
+        BlockScan(scan_storage).ExclusiveSum(has_edge, position, edges);
+        if (has_edge) {
+            edge_source[position] = s;
+            edge_row[position] = r;
+        }
+        __syncthreads();
+        for (int k0 = 0; k0 < edges; k0 += BK) {
+            // Rows k of both tiles: channels [m0, m0 + 64) of x at the edge's source, [n0, n0 + 64) of grad
+            // at its target; zeros past the edges and the channel counts.
+            for (int idx = tid; idx < BK * (kTile / 8); idx += 128) {
+                const int kk = idx / (kTile / 8);
+                const int c = (idx % (kTile / 8)) * 8;
+                const bool valid = k0 + kk < edges;
+                const T* x_row = valid ? x + int64_t{edge_source[k0 + kk]} * in_channels : nullptr;
+                const T* g_row = valid ? grad + edge_row[k0 + kk] * out_channels : nullptr;
+                if (vector_x) {
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (valid && m0 + c < in_channels) v = *reinterpret_cast<const uint4*>(x_row + m0 + c);
+                    *reinterpret_cast<uint4*>(a_tile + kk * kLd + c) = v;
+                } else {
+                    for (int e = 0; e < 8; ++e)
+                        a_tile[kk * kLd + c + e] = valid && m0 + c + e < in_channels ? x_row[m0 + c + e] : zero;
+                }
+                if (vector_g) {
+                    uint4 v = make_uint4(0, 0, 0, 0);
+                    if (valid && n0 + c < out_channels) v = *reinterpret_cast<const uint4*>(g_row + n0 + c);
+                    *reinterpret_cast<uint4*>(b_tile + kk * kLd + c) = v;
+                } else {
+                    for (int e = 0; e < 8; ++e)
+                        b_tile[kk * kLd + c + e] = valid && n0 + c + e < out_channels ? g_row[n0 + c + e] : zero;
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < BK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a[2];
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b[2];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], a_tile + kk * kLd + warp_m + 16 * i, kLd);
+#pragma unroll
+                for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], b_tile + kk * kLd + warp_n + 16 * j, kLd);
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
+            }
+            __syncthreads();
+        }
+        __syncthreads();  // edge lists and scan storage are reused by the next batch of rows
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            wmma::store_matrix_sync(c_tile + (warp_m + 16 * i) * kLdc + warp_n + 16 * j, acc[i][j], kLdc,
+                                    wmma::mem_row_major);
+    __syncthreads();
+    float* slot = partial + (chunk * volume + t) * int64_t{in_channels} * out_channels;
+    for (int idx = tid; idx < kTile * kTile; idx += 128) {
+        const int m = idx / kTile;
+        const int n = idx % kTile;
+        if (m0 + m < in_channels && n0 + n < out_channels)
+            slot[int64_t{m0 + m} * out_channels + n0 + n] = c_tile[m * kLdc + n];
+    }
+#endif
+}
+
 /// grad_weight[(co * in_channels + ci) * volume + t] = sum over chunks, in order, of partial[chunk][t][ci][co].
 template <typename T, typename A>
 __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t chunks, int32_t volume,
@@ -501,7 +616,28 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     const int64_t slot_bytes = int64_t{volume} * in_channels * out_channels * static_cast<int64_t>(sizeof(A));
     int64_t chunks = 0;
     Buffer<A> partial;
-    if (rows > 0) {
+    bool rows_done = false;  // partial sums written by the tensor-core kernel
+    constexpr bool kSixteenBit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+    if constexpr (kSixteenBit) {
+        if (rows > 0 && tensor_cores_available(ctx)) {
+            const int64_t tc_m = (in_channels + 63) / 64, tc_n = (out_channels + 63) / 64;
+            chunks = weight_grad_chunks(rows, volume, tc_m * tc_n, slot_bytes);
+            const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
+            chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+            partial = Buffer<A>::allocate(chunks * volume * in_channels * out_channels, ctx);
+            // 16-byte loads where rows of x and grad start 16-byte aligned.
+            const bool vector_x = in_channels % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+            const bool vector_g = out_channels % 8 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+            const dim3 grid(static_cast<unsigned>(tc_m * tc_n), static_cast<unsigned>(chunks),
+                            static_cast<unsigned>(volume));
+            weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(
+                map, rows, volume, x, grad, partial.data(), static_cast<int32_t>(in_channels),
+                static_cast<int32_t>(out_channels), rows_per_chunk, static_cast<int32_t>(tc_n), vector_x, vector_g);
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            rows_done = true;
+        }
+    }
+    if (rows > 0 && !rows_done) {
         chunks = weight_grad_chunks(rows, volume, tiles_m * tiles_n, slot_bytes);
         const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
         chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
