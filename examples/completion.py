@@ -1,7 +1,8 @@
 """Shape completion on sparse voxel grids: from a partial surface (a random half-space of the shape cut
 away) to the full shape. The network is the VAE's encoder and generative decoder without the sampling:
 the code of the partial input is decoded level by level, generating and pruning the topology, with the
-full shape's voxels kept during training.
+full shape's voxels kept as well in the first --teacher-forcing part of training (as in vae.py, with the
+same per-level loss and cosine learning-rate decay).
 
 Runs on --device (auto: CUDA when torch sees a GPU). Prints a progress line with the loss and the
 per-iteration time split (vae.StepProfiler) and the completion IoU against the full shapes; with
@@ -14,7 +15,6 @@ import pathlib
 import sys
 
 import torch
-from torch import nn
 
 import sparsegrid as sg
 from sparsegrid import nn as snn
@@ -52,7 +52,11 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--channels", type=int, nargs=vae.LEVELS, default=[8, 16, 32, 32])
     parser.add_argument("--latent", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=5e-3)
+    parser.add_argument("--lr", type=float, default=5e-3, help="Adam's initial learning rate, decayed to 0 "
+                        "along a cosine over the iterations")
+    parser.add_argument("--teacher-forcing", type=float, default=1 / 3,
+                        help="the fraction of the iterations, the first ones, in which the decoder also keeps "
+                        "the full shape's voxels at each level")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=20)
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
@@ -60,29 +64,33 @@ def main(argv=None):
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     vae.check_resolution(args.resolution)
+    if not 0 <= args.teacher_forcing <= 1:
+        raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     device = torch.device(vae.resolve_device(args.device))
 
     generator = torch.Generator().manual_seed(args.seed)
     shapes = [shape.to(device) for shape in sg.synthetic_shapes(args.shapes, args.resolution, args.seed)]
     encoder, decoder = vae.build_model(args, device)
     optimizer = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()), lr=args.lr)
-    bce = nn.functional.binary_cross_entropy_with_logits
+    schedule = vae.cosine_schedule(optimizer, args.iterations)
+    teacher_iterations = round(args.teacher_forcing * args.iterations)
     profiler = vae.StepProfiler(device, enabled=args.breakdown).install()
     print(f"shape completion on {device.type}: {args.shapes} procedural shapes at resolution {args.resolution}, "
           f"batch {args.batch}", flush=True)
     progress = vae.Progress(args.iterations, args.print_every, profiler)
-    for _ in range(args.iterations):
+    for iteration in range(args.iterations):
         pick = torch.randint(0, args.shapes, (args.batch,), generator=generator).tolist()
         full = sg.GridBatch.from_ijk([shapes[i] for i in pick])
         partial = cut(full, generator)
         code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
         with profiler.span("pyramid"):
             pyramid = vae.target_pyramid(full)
-        _, _, outputs = decoder(code, pyramid)
-        loss = sum(bce(logits, labels.float()) for logits, labels in outputs) / vae.LEVELS
+        _, _, outputs = decoder(code, pyramid, keep_targets=iteration < teacher_iterations)
+        loss = vae.occupancy_loss(outputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        schedule.step()
         progress.step(loss.detach(), sum(logits.numel() for logits, _ in outputs))
     profiler.uninstall()
 
@@ -104,7 +112,7 @@ def main(argv=None):
         if not vae.figures_available():
             print(f"matplotlib is not installed: no figures written to {directory}")
             return
-        vae.plot_loss(directory / "completion_loss.png", progress.curve(), "occupancy BCE")
+        vae.plot_loss(directory / "completion_loss.png", progress.curve(), "occupancy BCE", teacher_iterations)
         vae.render_rows(directory / "completions.png",
                         [(partial, "partial"), (completed, "completion"), (full, "full")], scores, 1)
         print(f"wrote {directory / 'completion_loss.png'} and {directory / 'completions.png'}")
