@@ -87,6 +87,68 @@ __global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__
     }
 }
 
+/// acc[i][j] += sum over kk of a_tile[kk][row + i] * b_tile[kk][column + j]: one thread's register tile
+/// of a shared-memory tile product, summed in kk order.
+template <typename A, int BK, int LDA, int LDB, int TM, int TN>
+__device__ __forceinline__ void multiply_tiles(const A (&a_tile)[BK][LDA], const A (&b_tile)[BK][LDB], int row,
+                                               int column, A (&acc)[TM][TN]) {
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+        A a[TM];
+        A b[TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) a[i] = a_tile[kk][row + i];
+#pragma unroll
+        for (int j = 0; j < TN; ++j) b[j] = b_tile[kk][column + j];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
+    }
+}
+
+// Tensor-core helpers, for the kernels below that run on compute capability 8.0 and later.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+using WarpAccumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+/// One warp's 32 x 32 quarter of a tensor-core tile product over 16 values of k: acc[i][j] += A_i B_j
+/// with A_i the 16 x 16 block at a + i * a_step (layout LayoutA, leading dimension lda) and B_j the block
+/// at b + 16 j (row-major, leading dimension ldb).
+template <typename T, typename LayoutA>
+__device__ __forceinline__ void warp_multiply(WarpAccumulator (&acc)[2][2], const T* a, int a_step, int lda,
+                                              const T* b, int ldb) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> a_block[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b_block[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a_block[i], a + i * a_step, lda);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b_block[j], b + 16 * j, ldb);
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a_block[i], b_block[j], acc[i][j]);
+}
+
+/// Zeroes a warp's 32 x 32 accumulators.
+__device__ __forceinline__ void warp_fill(WarpAccumulator (&acc)[2][2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+
+/// Writes a warp's 32 x 32 accumulators row-major into c (leading dimension ldc).
+__device__ __forceinline__ void warp_store(WarpAccumulator (&acc)[2][2], float* c, int ldc) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            nvcuda::wmma::store_matrix_sync(c + 16 * i * ldc + 16 * j, acc[i][j], ldc,
+                                            nvcuda::wmma::mem_row_major);
+}
+#endif
+
 /// out[r, n] = sum_t sum_k x[map[r][t], k] * packed[t][k][n]; 256 threads, 4 x 4 outputs each.
 template <typename T, typename A, int BM, int BN, int BK>
 __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* __restrict__ map,
@@ -146,19 +208,7 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
                 b_tile[kk][n] = (k < x_channels && n0 + n < y_channels) ? w[int64_t{k} * y_channels + n0 + n] : A(0);
             }
             __syncthreads();
-#pragma unroll
-            for (int kk = 0; kk < BK; ++kk) {
-                A a[TM];
-                A b[TN];
-#pragma unroll
-                for (int i = 0; i < TM; ++i) a[i] = a_tile[kk][ty * TM + i];
-#pragma unroll
-                for (int j = 0; j < TN; ++j) b[j] = b_tile[kk][tx * TN + j];
-#pragma unroll
-                for (int i = 0; i < TM; ++i)
-#pragma unroll
-                    for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
-            }
+            multiply_tiles(a_tile, b_tile, ty * TM, tx * TN, acc);
             __syncthreads();
         }
     }
@@ -209,11 +259,8 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
     }
     __syncthreads();
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    WarpAccumulator acc[2][2];
+    warp_fill(acc);
     const T zero = from_acc<T>(0.0f);
 
     for (int32_t t = 0; t < volume; ++t) {
@@ -266,27 +313,13 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
             }
             __syncthreads();
 #pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a[2];
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b[2];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], a_tile + (warp_m + 16 * i) * kLda + kk, kLda);
-#pragma unroll
-                for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], b_tile + kk * kLdb + warp_n + 16 * j, kLdb);
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-            }
+            for (int kk = 0; kk < BK; kk += 16)
+                warp_multiply<T, wmma::row_major>(acc, a_tile + warp_m * kLda + kk, 16 * kLda, kLda,
+                                                  b_tile + kk * kLdb + warp_n, kLdb);
             __syncthreads();
         }
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(c_tile + (warp_m + 16 * i) * kLdc + warp_n + 16 * j, acc[i][j], kLdc,
-                                    wmma::mem_row_major);
+    warp_store(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
     __syncthreads();
     for (int idx = tid; idx < BM * BN; idx += 128) {
         const int m = idx / BN;
@@ -366,19 +399,7 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
                                     ? to_acc<A>(grad[edge_row[k0 + kk] * out_channels + co]) : A(0);
             }
             __syncthreads();
-#pragma unroll
-            for (int kk = 0; kk < BK; ++kk) {
-                A a[TM];
-                A b[TN];
-#pragma unroll
-                for (int i = 0; i < TM; ++i) a[i] = a_tile[kk][ty * TM + i];
-#pragma unroll
-                for (int j = 0; j < TN; ++j) b[j] = b_tile[kk][tx * TN + j];
-#pragma unroll
-                for (int i = 0; i < TM; ++i)
-#pragma unroll
-                    for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
-            }
+            multiply_tiles(a_tile, b_tile, ty * TM, tx * TN, acc);
             __syncthreads();
         }
         __syncthreads();  // edge lists and scan storage are reused by the next batch of rows
@@ -432,11 +453,8 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
     const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
     const T zero = from_acc<T>(0.0f);
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+    WarpAccumulator acc[2][2];
+    warp_fill(acc);
 
     for (int64_t base = begin; base < end; base += kScan) {
         const int64_t r = base + tid;
@@ -479,28 +497,14 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
             }
             __syncthreads();
 #pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major> a[2];
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b[2];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a[i], a_tile + kk * kLd + warp_m + 16 * i, kLd);
-#pragma unroll
-                for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b[j], b_tile + kk * kLd + warp_n + 16 * j, kLd);
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-#pragma unroll
-                    for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a[i], b[j], acc[i][j]);
-            }
+            for (int kk = 0; kk < BK; kk += 16)
+                warp_multiply<T, wmma::col_major>(acc, a_tile + kk * kLd + warp_m, 16, kLd,
+                                                  b_tile + kk * kLd + warp_n, kLd);
             __syncthreads();
         }
         __syncthreads();  // edge lists and scan storage are reused by the next batch of rows
     }
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-            wmma::store_matrix_sync(c_tile + (warp_m + 16 * i) * kLdc + warp_n + 16 * j, acc[i][j], kLdc,
-                                    wmma::mem_row_major);
+    warp_store(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
     __syncthreads();
     float* slot = partial + (chunk * volume + t) * int64_t{in_channels} * out_channels;
     for (int idx = tid; idx < kTile * kTile; idx += 128) {
@@ -606,8 +610,12 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     using A = typename AccumulatorOf<T>::type;
     check_sizes("ConvolutionPlan::backward_weight (CUDA)", rows, volume, in_channels, out_channels);
     const cudaStream_t stream = stream_of(ctx);
-    // 64 x 64 tiles (4 x 4 outputs per thread) once both channel counts exceed 32, else 32 x 32.
-    const int tile = in_channels > 32 && out_channels > 32 ? 64 : 32;
+    constexpr bool kSixteenBit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
+    bool tensor_cores = false;
+    if constexpr (kSixteenBit) tensor_cores = tensor_cores_available(ctx);
+    // 64 x 64 tiles on tensor cores, or (4 x 4 outputs per thread) once both channel counts exceed 32;
+    // else 32 x 32.
+    const int tile = tensor_cores || (in_channels > 32 && out_channels > 32) ? 64 : 32;
     const int64_t tiles_m = (in_channels + tile - 1) / tile;
     const int64_t tiles_n = (out_channels + tile - 1) / tile;
     if (tiles_m * tiles_n > INT32_MAX)
@@ -616,41 +624,32 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     const int64_t slot_bytes = int64_t{volume} * in_channels * out_channels * static_cast<int64_t>(sizeof(A));
     int64_t chunks = 0;
     Buffer<A> partial;
-    bool rows_done = false;  // partial sums written by the tensor-core kernel
-    constexpr bool kSixteenBit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-    if constexpr (kSixteenBit) {
-        if (rows > 0 && tensor_cores_available(ctx)) {
-            const int64_t tc_m = (in_channels + 63) / 64, tc_n = (out_channels + 63) / 64;
-            chunks = weight_grad_chunks(rows, volume, tc_m * tc_n, slot_bytes);
-            const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
-            chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-            partial = Buffer<A>::allocate(chunks * volume * in_channels * out_channels, ctx);
-            // 16-byte loads where rows of x and grad start 16-byte aligned.
-            const bool vector_x = in_channels % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-            const bool vector_g = out_channels % 8 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
-            const dim3 grid(static_cast<unsigned>(tc_m * tc_n), static_cast<unsigned>(chunks),
-                            static_cast<unsigned>(volume));
-            weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(
-                map, rows, volume, x, grad, partial.data(), static_cast<int32_t>(in_channels),
-                static_cast<int32_t>(out_channels), rows_per_chunk, static_cast<int32_t>(tc_n), vector_x, vector_g);
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-            rows_done = true;
-        }
-    }
-    if (rows > 0 && !rows_done) {
+    if (rows > 0) {
         chunks = weight_grad_chunks(rows, volume, tiles_m * tiles_n, slot_bytes);
         const int64_t rows_per_chunk = (rows + chunks - 1) / chunks;
         chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
         partial = Buffer<A>::allocate(chunks * volume * in_channels * out_channels, ctx);
-        constexpr int BK = sizeof(A) == 8 ? 8 : 16;
         const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(chunks),
                         static_cast<unsigned>(volume));
         const auto cin = static_cast<int32_t>(in_channels), cout = static_cast<int32_t>(out_channels);
         const auto columns = static_cast<int32_t>(tiles_n);
-        if (tile == 64)
+        bool launched = false;
+        if constexpr (kSixteenBit) {
+            if (tensor_cores) {
+                // 16-byte loads where rows of x and grad start 16-byte aligned.
+                const bool vector_x = in_channels % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+                const bool vector_g = out_channels % 8 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+                weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, rows, volume, x, grad, partial.data(),
+                                                                       cin, cout, rows_per_chunk, columns, vector_x,
+                                                                       vector_g);
+                launched = true;
+            }
+        }
+        constexpr int BK = sizeof(A) == 8 ? 8 : 16;
+        if (!launched && tile == 64)
             weight_grad_kernel<T, A, 64, BK><<<grid, kConvThreads, 0, stream>>>(
                 map, rows, volume, x, grad, partial.data(), cin, cout, rows_per_chunk, columns);
-        else
+        else if (!launched)
             weight_grad_kernel<T, A, 32, BK><<<grid, kConvThreads, 0, stream>>>(
                 map, rows, volume, x, grad, partial.data(), cin, cout, rows_per_chunk, columns);
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
