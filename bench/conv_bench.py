@@ -84,23 +84,50 @@ def dense_canvas(grid, x, pad):
 
 
 def host_overhead_us(device, dtype, layers=300):
-    """Host microseconds per layer of (plan on existing grids + execute), on a 16-voxel grid."""
+    """Host microseconds per layer on a 16-voxel grid (so that the device is never the bottleneck),
+    averaged over `layers` calls queued without synchronisation: the whole layer (k3s1 plan on existing
+    grids + execute) and its parts, next to a trivial method call of the layer and a small torch op."""
     ijk = torch.stack(torch.meshgrid(*[torch.arange(2)] * 3, indexing="ij"), -1).reshape(-1, 3).int()
     grid = sg.GridBatch.from_ijk([ijk, ijk + 4], device=device)
     x = torch.randn(grid.num_voxels, 8, dtype=dtype, device=device)
     w = torch.randn(8, 8, 3, 3, 3, dtype=dtype, device=device)
-    for _ in range(20):
-        sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w)
+    xg = x.clone().requires_grad_(True)
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1, grid)
+    parts = {
+        "plan + execute (the layer)": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w),
+        "plan + execute, input requiring grad": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(xg, w),
+        "plan only": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid),
+        "execute only (existing plan)": lambda: plan.execute(x, w),
+        "method call (grid.num_voxels)": lambda: grid.num_voxels,
+        "torch op (x @ 8x8 matrix)": lambda: x @ w[:, :, 0, 0, 0],
+    }
+    result = {}
+    for name, fn in parts.items():
+        for _ in range(20):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(layers):
+            y = fn()
+        result[name] = (time.perf_counter() - start) / layers * 1e6
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        del y
     if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(layers):
-        y = sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w)
-    host = (time.perf_counter() - start) / layers * 1e6
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    del y
-    return host
+        # Launches per layer, from the profiler (device kernels and copies).
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w)
+            torch.cuda.synchronize()
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        result["device launches per layer"] = len(kernels) / 10
+        names = {}
+        for e in kernels:
+            names[e.name] = names.get(e.name, 0) + 1
+        result["launches"] = {k[:90]: v / 10 for k, v in sorted(names.items(), key=lambda kv: -kv[1])}
+    return result
 
 
 def run(args):
@@ -156,12 +183,15 @@ def run(args):
                 print(f"| {layer} | {channels} | {mode} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | "
                       f"{gemm:.3f} | {times[0] / gemm:.2f}x |")
             del canvas
-    overhead = host_overhead_us(device, dtype)
+    parts = host_overhead_us(device, dtype)
+    overhead = parts["plan + execute (the layer)"]
     print(f"host overhead per layer (k3s1 plan on existing grids + execute, from Python): {overhead:.1f} us")
+    for name, value in parts.items():
+        print(f"  {name}: {value if isinstance(value, dict) else f'{value:.1f}'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": str(device), "dtype": args.dtype, "voxels": grid.num_voxels, "rows": rows,
-                       "host_overhead_us": overhead}, f, indent=1)
+                       "host_overhead_us": overhead, "host_overhead_parts": parts}, f, indent=1)
 
 
 def main():

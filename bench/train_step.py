@@ -141,7 +141,7 @@ def gpu_activity(step, count):
 def run_batch(args, device, members):
     shapes = [member.to(device) for member in members]
     encoder, decoder = vae.build_model(args, device)
-    optimizer = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()), lr=args.lr)
+    optimizer = vae.make_optimizer(list(encoder.parameters()) + list(decoder.parameters()), args.lr, device)
     profiler = vae.StepProfiler(device).install()
 
     def step():

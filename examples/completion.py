@@ -71,7 +71,7 @@ def main(argv=None):
     generator = torch.Generator().manual_seed(args.seed)
     shapes = [shape.to(device) for shape in sg.synthetic_shapes(args.shapes, args.resolution, args.seed)]
     encoder, decoder = vae.build_model(args, device)
-    optimizer = torch.optim.Adam(list(encoder.parameters()) + list(decoder.parameters()), lr=args.lr)
+    optimizer = vae.make_optimizer(list(encoder.parameters()) + list(decoder.parameters()), args.lr, device)
     schedule = vae.cosine_schedule(optimizer, args.iterations)
     teacher_iterations = round(args.teacher_forcing * args.iterations)
     profiler = vae.StepProfiler(device, enabled=args.breakdown).install()

@@ -2,17 +2,28 @@
 # The GPU check: on a machine with an NVIDIA GPU, configures and builds everything, runs the whole
 # test suite (every case on CPU and CUDA), runs compute-sanitizer memcheck on the CUDA cases, and
 # benchmarks the reference workload (batch 16, 32, 48) against the torch-native baseline when torch
-# is importable; with torch importable it also builds the PyTorch layer against that torch and runs the
-# Python suite (pytest) with every CUDA case required. Usage: scripts/gpu-check.sh OUT_DIR
-# Writes into OUT_DIR: gpu-check.log (every step's output and a PASS/FAIL summary), bench_bN.json,
-# torch_bN.json and compare.md. Exits non-zero when a build, test or memcheck step fails.
+# is importable; with torch importable it also builds the PyTorch layer against that torch, runs the
+# Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
+# and a batch-16, resolution-64 training run of the shape VAE.
+# Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
+#   PHASE: build test memcheck bench conv train vae (default: all of them, in that order; a phase
+#   builds what it needs first, so "conv train" on a warm build folder skips straight to the benchmarks).
+# Writes into OUT_DIR two files: gpu-check.log (every step's output and a PASS/FAIL summary) and
+# results.tar.gz (the log, the benchmark tables and JSON, the VAE's figures). Exits non-zero when a
+# step fails.
 set -uo pipefail
-out=${1:?usage: scripts/gpu-check.sh OUT_DIR}
-mkdir -p "$out"
+final=${1:?usage: scripts/gpu-check.sh OUT_DIR [PHASE...]}
+shift
+phases=${*:-build test memcheck bench conv train vae}
+mkdir -p "$final"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build/gpu"
+out="$build/results"  # staged here, packed into OUT_DIR at the end (few files come back from a device)
+rm -rf "$out"
+mkdir -p "$out"
 log="$out/gpu-check.log"
 : >"$log"
+want() { [[ " $phases " == *" $1 "* ]]; }
 status=0
 declare -a summary
 
@@ -29,7 +40,7 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
   fi
 }
 
-{ nvidia-smi -L; nvcc --version | tail -2; } >>"$log" 2>&1
+{ nvidia-smi -L; nvcc --version | tail -2; echo "phases: $phases"; } >>"$log" 2>&1
 export SPARSEGRID_CUDA_ARCHS="${SPARSEGRID_CUDA_ARCHS:-90a-real}"
 torch_args=()
 if python3 -c "import torch" >/dev/null 2>&1; then
@@ -38,75 +49,101 @@ if python3 -c "import torch" >/dev/null 2>&1; then
   torch_args=(-DSPARSEGRID_WITH_TORCH=ON
     -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
 fi
-step configure "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON \
-  -DSPARSEGRID_WARNINGS_AS_ERRORS=ON ${torch_args[@]+"${torch_args[@]}"}
-if [ ${#torch_args[@]} -gt 0 ] && [[ ${summary[-1]} == FAIL* ]]; then
-  # A Torch package that fails to configure must not cost the CUDA checks: they run without the layer
-  # (the failed configure above still fails the run).
-  step "configure without torch" "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON \
-    -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WARNINGS_AS_ERRORS=ON -DSPARSEGRID_WITH_TORCH=OFF
+if [ ! -f "$build/build.ninja" ]; then
+  step configure "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON \
+    -DSPARSEGRID_WARNINGS_AS_ERRORS=ON ${torch_args[@]+"${torch_args[@]}"}
+  if [ ${#torch_args[@]} -gt 0 ] && [[ ${summary[-1]} == FAIL* ]]; then
+    # A Torch package that fails to configure must not cost the CUDA checks: they run without the layer
+    # (the failed configure above still fails the run).
+    step "configure without torch" "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON \
+      -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WARNINGS_AS_ERRORS=ON -DSPARSEGRID_WITH_TORCH=OFF
+  fi
 fi
-step "build library and tool" cmake --build "$build" -j "$(nproc)" --target sparsegrid_cli
-step "build tests" cmake --build "$build" -j "$(nproc)"
-# Every launch waits and is checked in the tests, so a fault names the launch that caused it.
-step tests env SPARSEGRID_CUDA_DEBUG=1 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 -E '^python\.'
-# The Python suite (run by the step below instead of ctest, with this machine's python3 and torch).
-if [ -f "$build/python/libsparsegrid_torch.so" ] && python3 -c "import pytest, torch" >/dev/null 2>&1; then
-  step "python tests" env PYTHONPATH="$root/python" SPARSEGRID_TORCH_LIBRARY="$build/python/libsparsegrid_torch.so" \
-    SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 PYTHONDONTWRITEBYTECODE=1 \
-    python3 -m pytest -q -p no:cacheprovider "$root/tests/python"
-else
-  summary+=("SKIP python tests (no PyTorch layer built, or python3 cannot import torch and pytest)")
-fi
-step memcheck compute-sanitizer --tool memcheck --error-exitcode 1 --print-limit 20 \
-  "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}" --gtest_brief=1
+# Everything is rebuilt when sources changed (ninja does nothing otherwise).
+step build cmake --build "$build" -j "$(nproc)"
+layer="$build/python/libsparsegrid_torch.so"
+have_layer=0
+if [ -f "$layer" ] && python3 -c "import pytest, torch" >/dev/null 2>&1; then have_layer=1; fi
+# The layer must use the process's C++ runtime, not carry one of its own (a CUDA runtime linked
+# statically brought one and crashed error formatting under torch 2.x).
+[ -f "$layer" ] && echo "C++ stream symbols defined in the layer: $(nm -C --defined-only "$layer" | grep -c 'codecvt<')" >>"$log"
+pyenv=(env PYTHONPATH="$root/python" SPARSEGRID_TORCH_LIBRARY="$layer" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1)
 
-pairs=()
-for members in 16 32 48; do
-  step "bench b$members" "$build/tools/sparsegrid" bench --device cuda --input "$root/data/reference_batch_r64.txt" \
-    --members "$members" --repeats "${SPARSEGRID_BENCH_REPEATS:-30}" --warmup 5 --json "$out/bench_b$members.json"
-  if python3 -c "import torch" >/dev/null 2>&1 && [ -f "$root/bench/torch_baseline.py" ]; then
-    step "torch b$members" python3 "$root/bench/torch_baseline.py" --input "$root/data/reference_batch_r64.txt" \
-      --members "$members" --device cuda --json "$out/torch_b$members.json"
-    pairs+=(--pair "$out/bench_b$members.json" "$out/torch_b$members.json")
-  fi
-done
-# Convolution kernels on their own: plan, forward, input and weight gradient at C = 32, 64, 128.
-for dtype in float32 float16; do
-  step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
-    --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
-done
-# Through the PyTorch layer: convolutions against per-tap torch ops, dense conv3d and an equal-FLOP GEMM,
-# and the shape VAE's training step.
-if [ -f "$build/python/libsparsegrid_torch.so" ]; then
-  export PYTHONPATH="$root/python" SPARSEGRID_TORCH_LIBRARY="$build/python/libsparsegrid_torch.so"
-  step "conv bench (torch) float32" bash -c "python3 '$root/bench/conv_bench.py' --device cuda --repeats 20 --warmup 5 \
-    --input '$root/data/reference_batch_r64.txt' --json '$out/conv_torch_float32.json' | tee '$out/conv_torch_float32.md'"
-  step "conv bench (torch) float16" bash -c "python3 '$root/bench/conv_bench.py' --device cuda --repeats 20 --warmup 5 \
-    --dtype float16 --input '$root/data/reference_batch_r64.txt' | tee '$out/conv_torch_float16.md'"
-  if [ -f "$root/bench/train_step.py" ]; then
-    step "train step" bash -c "python3 '$root/bench/train_step.py' --device cuda --json '$out/train_step.json' \
-      | tee '$out/train_step.md'"
+if want test; then
+  # Every launch waits and is checked in the tests, so a fault names the launch that caused it.
+  step tests env SPARSEGRID_CUDA_DEBUG=1 ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600 -E '^python\.'
+  # Small maps keep voxel order by default: the CUDA convolution cases again with every map ordered.
+  step "convolution tests, every map ordered" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_ORDER=1 \
+    "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
+  # The Python suite (run here instead of through ctest, with this machine's python3 and torch).
+  if [ $have_layer = 1 ]; then
+    step "python tests" "${pyenv[@]}" SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 \
+      python3 -m pytest -v -p no:cacheprovider "$root/tests/python"
+  else
+    summary+=("SKIP python tests (no PyTorch layer built, or python3 cannot import torch and pytest)")
   fi
 fi
-# Lookups by binary search instead of the hash table, for comparison.
-step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \
-  --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check
-# Same-grid maps with every tap looked up instead of the symmetric half, for comparison.
-step "bench b16 symmetric maps off" env SPARSEGRID_SYMMETRIC_MAPS=0 "$build/tools/sparsegrid" bench --device cuda \
-  --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check
-# Per-member overhead: 64 members against the same voxels side by side in one member.
-step "bench 64 members" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 --repeats 20 \
-  --warmup 5 --no-check
-step "bench 64 members as one" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 \
-  --as-one-member --repeats 20 --warmup 5 --no-check
-if [ ${#pairs[@]} -gt 0 ] && [ -f "$root/bench/compare.py" ]; then
-  python3 "$root/bench/compare.py" "${pairs[@]}" >"$out/compare.md" 2>>"$log" || summary+=("FAIL compare")
-  cat "$out/compare.md" >>"$log"
+if want memcheck; then
+  step memcheck timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 \
+    --print-limit 20 "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}" \
+    --gtest_brief=1
+fi
+
+if want bench; then
+  pairs=()
+  for members in 16 32 48; do
+    step "bench b$members" "$build/tools/sparsegrid" bench --device cuda --input "$root/data/reference_batch_r64.txt" \
+      --members "$members" --repeats "${SPARSEGRID_BENCH_REPEATS:-30}" --warmup 5 --json "$out/bench_b$members.json"
+    if python3 -c "import torch" >/dev/null 2>&1 && [ -f "$root/bench/torch_baseline.py" ]; then
+      step "torch b$members" python3 "$root/bench/torch_baseline.py" --input "$root/data/reference_batch_r64.txt" \
+        --members "$members" --device cuda --json "$out/torch_b$members.json"
+      pairs+=(--pair "$out/bench_b$members.json" "$out/torch_b$members.json")
+    fi
+  done
+  # Lookups by binary search instead of the hash table, for comparison.
+  step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \
+    --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check
+  # Per-member overhead: 64 members against the same voxels side by side in one member.
+  step "bench 64 members" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 --repeats 20 \
+    --warmup 5 --no-check
+  step "bench 64 members as one" "$build/tools/sparsegrid" bench --device cuda --batch 64 --resolution 64 \
+    --as-one-member --repeats 20 --warmup 5 --no-check
+  if [ ${#pairs[@]} -gt 0 ] && [ -f "$root/bench/compare.py" ]; then
+    python3 "$root/bench/compare.py" "${pairs[@]}" >"$out/compare.md" 2>>"$log" || summary+=("FAIL compare")
+    cat "$out/compare.md" >>"$log"
+  fi
+fi
+
+if want conv; then
+  # Convolution kernels on their own: plan, forward, input and weight gradient at C = 32, 64, 128.
+  for dtype in float32 float16; do
+    step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
+      --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
+  done
+  # Through the PyTorch layer: convolutions against per-tap torch ops, dense conv3d and an equal-FLOP
+  # GEMM, and the per-layer host overhead.
+  if [ $have_layer = 1 ]; then
+    for dtype in float32 float16; do
+      step "conv bench (torch) $dtype" "${pyenv[@]}" bash -c "python3 '$root/bench/conv_bench.py' --device cuda \
+        --repeats 20 --warmup 5 --dtype $dtype --input '$root/data/reference_batch_r64.txt' \
+        --json '$out/conv_torch_$dtype.json' | tee '$out/conv_torch_$dtype.md'"
+    done
+  fi
+fi
+if want train && [ $have_layer = 1 ]; then
+  step "train step" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' --device cuda \
+    --json '$out/train_step.json' | tee '$out/train_step.md'"
+fi
+if want vae && [ $have_layer = 1 ]; then
+  step "vae b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/vae.py' --device cuda --batch 16 --resolution 64 \
+    --shapes 256 --iterations ${SPARSEGRID_VAE_ITERATIONS:-1000} --print-every 50 --output '$out/vae' \
+    | tee '$out/vae.md'"
 fi
 
 {
   echo "==== summary"
   printf '%s\n' "${summary[@]}"
 } | tee -a "$log"
+cp "$log" "$final/gpu-check.log"
+tar czf "$final/results.tar.gz" -C "$out" .
 exit $status

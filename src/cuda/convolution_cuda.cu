@@ -690,19 +690,27 @@ Buffer<int32_t> row_order_typed(const int32_t* map, int64_t rows, int32_t volume
     return order;
 }
 
-}  // namespace
+/// Below this many rows a map is taken in voxel order: its convolution is a few blocks whose time is
+/// launch latency, and the order would add two launches and five allocations to every such plan (the
+/// coarse levels of a network, small batches).
+constexpr int64_t kRowOrderMinRows = 4096;
 
-/// SPARSEGRID_CONV_ORDER=0 takes rows in voxel order (for measurements; results are equal).
-bool use_row_order() {
-    static const bool enabled = [] {
+/// The smallest map that gets a row order: kRowOrderMinRows, or from SPARSEGRID_CONV_ORDER: "0" takes
+/// every map in voxel order, "1" orders every map (both for measurements and tests; results are equal).
+int64_t row_order_min_rows() {
+    static const int64_t min_rows = [] {
         const char* value = std::getenv("SPARSEGRID_CONV_ORDER");
-        return !(value && std::string(value) == "0");
+        if (value && std::string(value) == "0") return INT64_MAX;
+        if (value && std::string(value) == "1") return int64_t{1};
+        return kRowOrderMinRows;
     }();
-    return enabled;
+    return min_rows;
 }
 
+}  // namespace
+
 Buffer<int32_t> row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
-    if (!use_row_order() || map == nullptr || rows == 0 || volume <= 1 || volume > 64 || rows > INT32_MAX) return {};
+    if (map == nullptr || rows < row_order_min_rows() || volume <= 1 || volume > 64 || rows > INT32_MAX) return {};
     DeviceGuard guard(ctx);
     return volume <= 32 ? row_order_typed<uint32_t>(map, rows, volume, ctx)
                         : row_order_typed<uint64_t>(map, rows, volume, ctx);

@@ -9,7 +9,8 @@
 namespace sparsegrid::detail::cuda {
 
 /// A permutation of the map's rows, stably sorted by the set of taps at which they have an edge, for
-/// map_convolution's `order`. Empty (rows taken in order) for a null map, one tap or more than 64.
+/// map_convolution's `order`. Empty (rows taken in order) for a null map, one tap or more than 64,
+/// and for maps of fewer than 4096 rows.
 Buffer<int32_t> row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx);
 
 /// out[r, :] = sum_t A_t . x[map[r][t], :] (see cpu::map_convolution), rows visited in `order` when

@@ -30,6 +30,11 @@ struct Results {
 template <typename T>
 Results<T> execute(const ConvolutionPlan& plan, const std::vector<T>& x, const std::vector<T>& w,
                    const std::vector<T>& g, int64_t cin, int64_t cout, DType dtype) {
+    // The core takes raw pointers and cannot see their extents: a wrong size here reads past a buffer.
+    EXPECT_EQ(static_cast<int64_t>(x.size()), plan.source_grid().num_voxels() * cin) << "x must be [source, cin]";
+    EXPECT_EQ(static_cast<int64_t>(w.size()), cout * cin * plan.kernel_volume()) << "w must be [cout, cin, K]";
+    EXPECT_EQ(static_cast<int64_t>(g.size()), plan.target_grid().num_voxels() * cout) << "g must be [target, cout]";
+    if (::testing::Test::HasFailure()) return {};
     const sparsegrid::Context& ctx = plan.target_grid().context();
     const Buffer<T> dx = Buffer<T>::from_host(x, ctx), dw = Buffer<T>::from_host(w, ctx),
                     dg = Buffer<T>::from_host(g, ctx);
@@ -234,8 +239,9 @@ TEST_F(ConvolutionCuda, RepeatedRunsAreBitwiseIdentical) {
     const ConvolutionPlan plan = ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1});
     Rng rng(3);
     const int64_t cin = 24, cout = 48;
+    // The target is conv_grid(3, 1) of the grid (the dilated grid), larger than the source.
     std::vector<float> x(static_cast<size_t>(grid.num_voxels() * cin)), w(static_cast<size_t>(cout * cin * 27)),
-        g(static_cast<size_t>(grid.num_voxels() * cout));
+        g(static_cast<size_t>(plan.target_grid().num_voxels() * cout));
     for (float& v : x) v = static_cast<float>(uniform_real(rng, -1, 1));
     for (float& v : w) v = static_cast<float>(uniform_real(rng, -1, 1));
     for (float& v : g) v = static_cast<float>(uniform_real(rng, -1, 1));
