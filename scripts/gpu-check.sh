@@ -6,7 +6,7 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test memcheck bench conv train vae (default: all of them, in that order; a phase
+#   PHASE: build test python memcheck bench conv train vae (default: all of them, in that order; a phase
 #   builds what it needs first, so "conv train" on a warm build folder skips straight to the benchmarks).
 # Writes into OUT_DIR two files: gpu-check.log (every step's output and a PASS/FAIL summary) and
 # results.tar.gz (the log, the benchmark tables and JSON, the VAE's figures). Exits non-zero when a
@@ -14,7 +14,7 @@
 set -uo pipefail
 final=${1:?usage: scripts/gpu-check.sh OUT_DIR [PHASE...]}
 shift
-phases=${*:-build test memcheck bench conv train vae}
+phases=${*:-build test python memcheck bench conv train vae}
 mkdir -p "$final"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build/gpu"
@@ -64,8 +64,8 @@ step build cmake --build "$build" -j "$(nproc)"
 layer="$build/python/libsparsegrid_torch.so"
 have_layer=0
 if [ -f "$layer" ] && python3 -c "import pytest, torch" >/dev/null 2>&1; then have_layer=1; fi
-# The layer must use the process's C++ runtime, not carry one of its own (a CUDA runtime linked
-# statically brought one and crashed error formatting under torch 2.x).
+# The layer must use the process's C++ runtime, not carry a copy of libstdc++ of its own (see the
+# layer's link options in CMakeLists.txt): 0 expected.
 [ -f "$layer" ] && echo "C++ stream symbols defined in the layer: $(nm -C --defined-only "$layer" | grep -c 'codecvt<')" >>"$log"
 pyenv=(env PYTHONPATH="$root/python" SPARSEGRID_TORCH_LIBRARY="$layer" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1)
 
@@ -75,6 +75,8 @@ if want test; then
   # Small maps keep voxel order by default: the CUDA convolution cases again with every map ordered.
   step "convolution tests, every map ordered" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_ORDER=1 \
     "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
+fi
+if want python; then
   # The Python suite (run here instead of through ctest, with this machine's python3 and torch).
   if [ $have_layer = 1 ]; then
     step "python tests" "${pyenv[@]}" SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 \
