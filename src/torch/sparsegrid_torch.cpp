@@ -679,8 +679,12 @@ public:
 
 /// torch.ops.sparsegrid.sparse_conv(features [N_source, Cin], weight [Cout, Cin, K0, K1, K2], plan)
 /// -> [N_target, Cout], differentiable in features and weight. Features and weight on the plan's
-/// device, same dtype: float32 / float64, or float16 / bfloat16 on CUDA.
+/// device, same dtype: float32 / float64, or float16 / bfloat16 on CUDA. When no gradient can be
+/// asked for (grad mode off, or neither features nor weight requires one) it runs the forward pass
+/// without an autograd node, as PyTorch's own operators do (saves the node's host cost at inference).
 torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight, c10::intrusive_ptr<ConvolutionPlanHolder> plan) {
+    if (!torch::GradMode::is_enabled() || !(features.requires_grad() || weight.requires_grad()))
+        return plan->forward(features, weight);
     return SparseConvFunction::apply(features, weight, plan);
 }
 

@@ -141,6 +141,26 @@ def test_repeated_runs_are_bitwise_identical():
     assert torch.equal(first, plan.execute(x, w))
 
 
+def test_execution_builds_a_graph_only_when_a_gradient_can_be_asked_for():
+    grid = sg.GridBatch.from_ijk(random_members(12, 2))
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 2)
+    x = torch.randn(grid.num_voxels, 5, dtype=torch.float64)
+    w = torch.randn(3, 5, 3, 3, 3, dtype=torch.float64)
+    plain = plan.execute(x, w)  # the direct path
+    through_op = torch.ops.sparsegrid.sparse_conv(x, w, plan._handle)
+    assert plain.grad_fn is None and not plain.requires_grad and through_op.grad_fn is None
+    assert torch.equal(plain, through_op)
+    w.requires_grad_(True)
+    tracked = plan.execute(x, w)
+    assert tracked.grad_fn is not None and torch.equal(tracked.detach(), plain)
+    tracked.sum().backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+    with torch.no_grad():
+        assert plan.execute(x, w).grad_fn is None
+    with pytest.raises(RuntimeError, match="weight must have shape"):
+        plan.execute(x, torch.randn(3, 4, 3, 3, 3, dtype=torch.float64))  # errors on the direct path too
+
+
 def test_transposed_plan_shares_the_grids():
     grid = sg.GridBatch.from_ijk(random_members(4, 3))
     plan = sg.ConvolutionPlan.from_grid(grid, 2, 2)
