@@ -10,6 +10,7 @@ and tensors passed to it must be there already (errors name both devices). GridB
 a grid. Work runs on PyTorch's current CUDA stream.
 """
 
+import functools
 import os
 import pathlib
 
@@ -109,7 +110,9 @@ def _on_device(value, device):
 
 
 class GridBatch:
-    """An immutable batch of sparse voxel grids (see include/sparsegrid/grid_batch.h)."""
+    """An immutable batch of sparse voxel grids (see include/sparsegrid/grid_batch.h). Its sizes and
+    device are read from the layer once and kept (every read is a call into the layer, and layers ask
+    for them many times per step)."""
 
     def __init__(self, handle):
         self._handle = handle
@@ -160,7 +163,7 @@ class GridBatch:
                                          _per_member(voxel_sizes, batch, "voxel_sizes", 1.0),
                                          _per_member(origins, batch, "origins", 0.0)))
 
-    @property
+    @functools.cached_property
     def device(self):
         """The torch.device the grid and everything derived from it live on."""
         return self._handle.device()
@@ -179,11 +182,11 @@ class GridBatch:
         """This grid on a CUDA device: the current one, or the given index or device."""
         return self.to(torch.device("cuda", device) if isinstance(device, int) else (device or "cuda"))
 
-    @property
+    @functools.cached_property
     def batch_size(self):
         return self._handle.batch_size()
 
-    @property
+    @functools.cached_property
     def num_voxels(self):
         return self._handle.num_voxels()
 
@@ -265,11 +268,12 @@ class ConvolutionPlan:
     def transposed(self):
         return ConvolutionPlan(self._handle.transposed())
 
-    @property
+    @functools.cached_property
     def source_grid(self):
+        """The same GridBatch object at every read (so that its cached plans and sizes are shared)."""
         return GridBatch(self._handle.source_grid())
 
-    @property
+    @functools.cached_property
     def target_grid(self):
         return GridBatch(self._handle.target_grid())
 
