@@ -6,8 +6,9 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv train vae (default: all of them, in that order; a phase
-#   builds what it needs first, so "conv train" on a warm build folder skips straight to the benchmarks).
+#   PHASE: build test python memcheck bench conv train vae (default: all of them, in that order). The
+#   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
+#   to date, so "conv train" on a warm build folder goes straight to the benchmarks.
 # Writes into OUT_DIR two files: gpu-check.log (every step's output and a PASS/FAIL summary) and
 # results.tar.gz (the log, the benchmark tables and JSON, the VAE's figures). Exits non-zero when a
 # step fails.
