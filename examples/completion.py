@@ -7,7 +7,7 @@ same per-level loss and cosine learning-rate decay).
 Runs on --device (auto: CUDA when torch sees a GPU). Prints a progress line with the loss and the
 per-iteration time split (vae.StepProfiler) and the completion IoU against the full shapes; with
 --output it writes completion_loss.png and completions.png (partial input, completion, full shape).
-Usage: PYTHONPATH=python python3 examples/completion.py [--device auto] [--iterations 300] [--output DIR]
+Usage: PYTHONPATH=python python3 examples/completion.py [--device auto] [--iterations 800] [--output DIR]
 """
 
 import argparse
@@ -49,7 +49,9 @@ def main(argv=None):
     parser.add_argument("--resolution", type=int, default=32, help="a multiple of 16")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--shapes", type=int, default=64)
-    parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--iterations", type=int, default=800,
+                        help="training steps (at the other defaults the completions' IoU was 0.01 after 300 "
+                        "and 0.58 after 800, which take about 2.5 minutes on 2 CPU cores)")
     parser.add_argument("--channels", type=int, nargs=vae.LEVELS, default=[8, 16, 32, 32])
     parser.add_argument("--latent", type=int, default=64)
     parser.add_argument("--lr", type=float, default=5e-3, help="Adam's initial learning rate, decayed to 0 "
