@@ -19,7 +19,7 @@ phases=${*:-build test python memcheck bench conv train vae}
 mkdir -p "$final"
 root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build/gpu"
-out="$build/results"  # staged here, packed into OUT_DIR at the end (few files come back from a device)
+out="$build/results"  # staged here, packed into OUT_DIR at the end
 rm -rf "$out"
 mkdir -p "$out"
 log="$out/gpu-check.log"
