@@ -103,3 +103,21 @@ def test_train_step_benchmark_writes_table_and_json(tmp_path, device):
         assert 0 < row["topology_fraction"] < 1
         if device == "cuda":
             assert 0 < row["gpu_busy"] <= 1 and row["kernels_per_step"] > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_benchmark_writes_table_and_json(tmp_path, device):
+    path = tmp_path / "conv.json"
+    out = run_script("bench/conv_bench.py", "--device", device, "--members", "2", "--channels", "8",
+                     "--repeats", "1", "--warmup", "1", "--json", str(path))
+    assert "| k3s1 submanifold | 8 | forward |" in out and "host overhead per layer" in out
+    result = json.loads(path.read_text())
+    assert [(row["layer"], row["pass"]) for row in result["rows"]] == [
+        ("k3s1 submanifold", "forward"), ("k3s1 submanifold", "forward+backward"),
+        ("k2s2 transposed", "forward"), ("k2s2 transposed", "forward+backward")]
+    assert all(row["sparsegrid_ms"] > 0 and row["gemm_ms"] > 0 and row["edges"] > 0 for row in result["rows"])
+    parts = result["host_overhead_parts"]
+    assert result["host_overhead_us"] == parts["plan + execute (the layer)"] > 0
+    assert parts["plan only"] > 0 and parts["execute only (existing plan)"] > 0
+    if device == "cuda":
+        assert parts["device launches per layer"] > 0
