@@ -14,6 +14,7 @@ Usage: PYTHONPATH=python python3 bench/conv_bench.py --input data/reference_batc
 
 import argparse
 import json
+import pathlib
 import statistics
 import time
 
@@ -196,7 +197,8 @@ def run(args):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", default="data/reference_batch_r64.txt")
+    parser.add_argument("--input", default=str(pathlib.Path(__file__).resolve().parents[1] / "data" /
+                                               "reference_batch_r64.txt"))
     parser.add_argument("--members", type=int, default=16)
     parser.add_argument("--channels", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
