@@ -28,29 +28,110 @@ std::vector<T> pack_weight(const T* weight, int32_t volume, int64_t in_channels,
     return packed;
 }
 
+/// out[r, o0 .. o0 + W) for one row r, summed in registers: over taps, then input channels, in order
+/// (the order of every backend), so that blocking the output channels changes no result.
+template <typename T, int W>
+void row_block(const int32_t* map, int64_t r, int32_t volume, const T* x, const T* packed, int64_t x_channels,
+               int64_t out_channels, int64_t o0, T* y) {
+    T acc[W] = {};
+    for (int32_t t = 0; t < volume; ++t) {
+        const int64_t s = map ? map[r * volume + t] : r;
+        if (s < 0) continue;
+        const T* xs = x + s * x_channels;
+        const T* w = packed + t * x_channels * out_channels + o0;
+        for (int64_t c = 0; c < x_channels; ++c) {
+            const T xv = xs[c];
+            const T* wrow = w + c * out_channels;
+            for (int j = 0; j < W; ++j) acc[j] += xv * wrow[j];
+        }
+    }
+    for (int j = 0; j < W; ++j) y[o0 + j] = acc[j];
+}
+
+/// The same for the last out_channels - o0 (< 8) channels, accumulated in the output row.
+template <typename T>
+void row_tail(const int32_t* map, int64_t r, int32_t volume, const T* x, const T* packed, int64_t x_channels,
+              int64_t out_channels, int64_t o0, T* y) {
+    std::fill(y + o0, y + out_channels, T(0));
+    for (int32_t t = 0; t < volume; ++t) {
+        const int64_t s = map ? map[r * volume + t] : r;
+        if (s < 0) continue;
+        const T* xs = x + s * x_channels;
+        const T* w = packed + t * x_channels * out_channels;
+        for (int64_t c = 0; c < x_channels; ++c) {
+            const T xv = xs[c];
+            const T* wrow = w + c * out_channels;
+            for (int64_t o = o0; o < out_channels; ++o) y[o] += xv * wrow[o];
+        }
+    }
+}
+
 template <typename T>
 void map_convolution_typed(const int32_t* map, int64_t rows, int32_t volume, const T* x, const T* weight,
                            bool transpose_weight, T* out, int64_t x_channels, int64_t out_channels) {
     const int64_t in_channels = transpose_weight ? out_channels : x_channels;
     const int64_t weight_out = transpose_weight ? x_channels : out_channels;
     const std::vector<T> packed = pack_weight(weight, volume, in_channels, weight_out, transpose_weight);
+    // Output channels in register blocks of 32, 16 and 8 (the sums stay out of memory), then the rest.
     parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
         for (int64_t r = begin; r < end; ++r) {
             T* y = out + r * out_channels;
-            std::fill(y, y + out_channels, T(0));
-            for (int32_t t = 0; t < volume; ++t) {
-                const int64_t s = map ? map[r * volume + t] : r;
-                if (s < 0) continue;
-                const T* xs = x + s * x_channels;
-                const T* w = packed.data() + t * x_channels * out_channels;
-                for (int64_t c = 0; c < x_channels; ++c) {
-                    const T xv = xs[c];
-                    const T* wrow = w + c * out_channels;
-                    for (int64_t o = 0; o < out_channels; ++o) y[o] += xv * wrow[o];
-                }
+            int64_t o0 = 0;
+            for (; o0 + 32 <= out_channels; o0 += 32)
+                row_block<T, 32>(map, r, volume, x, packed.data(), x_channels, out_channels, o0, y);
+            if (o0 + 16 <= out_channels) {
+                row_block<T, 16>(map, r, volume, x, packed.data(), x_channels, out_channels, o0, y);
+                o0 += 16;
             }
+            if (o0 + 8 <= out_channels) {
+                row_block<T, 8>(map, r, volume, x, packed.data(), x_channels, out_channels, o0, y);
+                o0 += 8;
+            }
+            if (o0 < out_channels) row_tail(map, r, volume, x, packed.data(), x_channels, out_channels, o0, y);
         }
     });
+}
+
+/// sum[i][j] += sum over the chunk's edges e, in order, of g[e][i] * x[e][j] for i in [0, cols_g), j in
+/// [0, cols_x): the chunk's gathered rows (g: leading dimension ldg, x: ldx) against the accumulators
+/// (leading dimension ldsum). Register tiles of 4 x (32 bytes of T) with the sums loaded once per
+/// chunk; every element still adds the edges one by one in chunk order.
+template <typename T>
+void accumulate_chunk(const T* g, int64_t ldg, int64_t cols_g, const T* x, int64_t ldx, int64_t cols_x,
+                      int64_t edges, T* sum, int64_t ldsum) {
+    constexpr int R = 4;
+    constexpr int W = 32 / static_cast<int>(sizeof(T));
+    int64_t i0 = 0;
+    for (; i0 + R <= cols_g; i0 += R) {
+        int64_t j0 = 0;
+        for (; j0 + W <= cols_x; j0 += W) {
+            T acc[R][W];
+            for (int i = 0; i < R; ++i)
+                for (int j = 0; j < W; ++j) acc[i][j] = sum[(i0 + i) * ldsum + j0 + j];
+            for (int64_t e = 0; e < edges; ++e) {
+                const T* xe = x + e * ldx + j0;
+                const T* ge = g + e * ldg + i0;
+                for (int i = 0; i < R; ++i) {
+                    const T gi = ge[i];
+                    for (int j = 0; j < W; ++j) acc[i][j] += gi * xe[j];
+                }
+            }
+            for (int i = 0; i < R; ++i)
+                for (int j = 0; j < W; ++j) sum[(i0 + i) * ldsum + j0 + j] = acc[i][j];
+        }
+        for (int i = 0; i < R; ++i)
+            for (int64_t j = j0; j < cols_x; ++j) {
+                T acc = sum[(i0 + i) * ldsum + j];
+                for (int64_t e = 0; e < edges; ++e) acc += g[e * ldg + i0 + i] * x[e * ldx + j];
+                sum[(i0 + i) * ldsum + j] = acc;
+            }
+    }
+    for (int64_t i = i0; i < cols_g; ++i)
+        for (int64_t j = 0; j < cols_x; ++j) {
+            T acc = sum[i * ldsum + j];
+            for (int64_t e = 0; e < edges; ++e) acc += g[e * ldg + i] * x[e * ldx + j];
+            sum[i * ldsum + j] = acc;
+        }
 }
 
 template <typename T>
@@ -58,6 +139,9 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
                                T* grad_weight, int64_t in_channels, int64_t out_channels) {
     // One task per (tap, block of output channels): a single pass over the rows in increasing order
     // accumulates the block's [channels, in_channels] outer products, so every sum has a fixed order.
+    // The rows with an edge at the tap are taken in chunks, gathered into contiguous scratch rows and
+    // multiplied in register tiles (accumulate_chunk); the order of every sum is unchanged.
+    constexpr int64_t kChunk = 64;
     const int threads = threads_for(rows * volume);
     const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(out_channels, (2 * threads + volume - 1) / volume));
     const int64_t block = (out_channels + wanted - 1) / wanted;
@@ -69,16 +153,22 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
         const int32_t t = static_cast<int32_t>(task / blocks_per_tap);
         const int64_t co_begin = (task % blocks_per_tap) * block;
         const int64_t co_end = std::min(out_channels, co_begin + block);
-        std::vector<T> sum(static_cast<size_t>((co_end - co_begin) * in_channels), T(0));
+        const int64_t width = co_end - co_begin;
+        std::vector<T> sum(static_cast<size_t>(width * in_channels), T(0));
+        std::vector<T> xs(static_cast<size_t>(kChunk * in_channels)), gs(static_cast<size_t>(kChunk * width));
+        int64_t edges = 0;
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t s = map ? map[r * volume + t] : r;
-            if (s < 0) continue;
-            const T* xs = x + s * in_channels;
-            const T* g = grad + r * out_channels;
-            for (int64_t co = co_begin; co < co_end; ++co) {
-                const T gv = g[co];
-                T* acc = sum.data() + (co - co_begin) * in_channels;
-                for (int64_t ci = 0; ci < in_channels; ++ci) acc[ci] += gv * xs[ci];
+            if (s >= 0) {
+                std::copy(x + s * in_channels, x + (s + 1) * in_channels, xs.data() + edges * in_channels);
+                std::copy(grad + r * out_channels + co_begin, grad + r * out_channels + co_end,
+                          gs.data() + edges * width);
+                ++edges;
+            }
+            if (edges == kChunk || (r + 1 == rows && edges > 0)) {
+                accumulate_chunk(gs.data(), width, width, xs.data(), in_channels, in_channels, edges, sum.data(),
+                                 in_channels);
+                edges = 0;
             }
         }
         for (int64_t co = co_begin; co < co_end; ++co)
