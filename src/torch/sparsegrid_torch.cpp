@@ -683,7 +683,7 @@ public:
 /// asked for (grad mode off, or neither features nor weight requires one) it runs the forward pass
 /// without an autograd node, as PyTorch's own operators do (saves the node's host cost at inference).
 torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight, c10::intrusive_ptr<ConvolutionPlanHolder> plan) {
-    if (!torch::GradMode::is_enabled() || !(features.requires_grad() || weight.requires_grad()))
+    if (!at::GradMode::is_enabled() || !(features.requires_grad() || weight.requires_grad()))
         return plan->forward(features, weight);
     return SparseConvFunction::apply(features, weight, plan);
 }
