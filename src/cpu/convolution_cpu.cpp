@@ -101,6 +101,15 @@ void accumulate_chunk(const T* g, int64_t ldg, int64_t cols_g, const T* x, int64
                       int64_t edges, T* sum, int64_t ldsum) {
     constexpr int R = 4;
     constexpr int W = 32 / static_cast<int>(sizeof(T));
+    // Elements [i_begin, i_end) x [j_begin, j_end) one at a time: the edges of tiles that do not fill.
+    const auto scalar = [&](int64_t i_begin, int64_t i_end, int64_t j_begin, int64_t j_end) {
+        for (int64_t i = i_begin; i < i_end; ++i)
+            for (int64_t j = j_begin; j < j_end; ++j) {
+                T acc = sum[i * ldsum + j];
+                for (int64_t e = 0; e < edges; ++e) acc += g[e * ldg + i] * x[e * ldx + j];
+                sum[i * ldsum + j] = acc;
+            }
+    };
     int64_t i0 = 0;
     for (; i0 + R <= cols_g; i0 += R) {
         int64_t j0 = 0;
@@ -119,19 +128,9 @@ void accumulate_chunk(const T* g, int64_t ldg, int64_t cols_g, const T* x, int64
             for (int i = 0; i < R; ++i)
                 for (int j = 0; j < W; ++j) sum[(i0 + i) * ldsum + j0 + j] = acc[i][j];
         }
-        for (int i = 0; i < R; ++i)
-            for (int64_t j = j0; j < cols_x; ++j) {
-                T acc = sum[(i0 + i) * ldsum + j];
-                for (int64_t e = 0; e < edges; ++e) acc += g[e * ldg + i0 + i] * x[e * ldx + j];
-                sum[(i0 + i) * ldsum + j] = acc;
-            }
+        scalar(i0, i0 + R, j0, cols_x);
     }
-    for (int64_t i = i0; i < cols_g; ++i)
-        for (int64_t j = 0; j < cols_x; ++j) {
-            T acc = sum[i * ldsum + j];
-            for (int64_t e = 0; e < edges; ++e) acc += g[e * ldg + i] * x[e * ldx + j];
-            sum[i * ldsum + j] = acc;
-        }
+    scalar(i0, cols_g, 0, cols_x);
 }
 
 template <typename T>
