@@ -5,6 +5,9 @@ members' bounding canvas, and (c) one dense GEMM (torch.mm) with the same FLOP c
 Layers: k3s1 on the input grid (submanifold) and the generative k2s2 transposed convolution.
 Timing: median of --repeats runs after --warmup (CUDA events on a GPU, perf_counter on the CPU).
 "vs GEMM" is sparsegrid's time over the GEMM's (one for the forward pass, three for forward+backward).
+--tf32 allows TF32 for float32 matrix products (torch.backends.cuda.matmul.allow_tf32), which sparsegrid
+follows as torch.mm does: sparsegrid, the per-tap ops and the GEMM then all run on TF32 tensor cores.
+Dense conv3d follows torch.backends.cudnn.allow_tf32 instead (PyTorch's default: allowed).
 
 Per-layer host overhead: on a small grid (so that the device is never the bottleneck), the host time
 of building a k3s1 plan on existing grids and executing it, per layer, averaged over many layers queued
@@ -136,8 +139,11 @@ def run(args):
     measure = timer(device)
     grid = sg.GridBatch.from_ijk([m.to(device) for m in read_batch(args.input, args.members)])
     dtype = getattr(torch, args.dtype)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    precision = f"{args.dtype}{', TF32 allowed' if args.tf32 else ''}"
     print(f"sparsegrid conv benchmark: {grid.batch_size} members, {grid.num_voxels} voxels, device {device}, "
-          f"dtype {args.dtype}, median of {args.repeats} runs after {args.warmup} warm-up runs")
+          f"dtype {precision}, median of {args.repeats} runs after {args.warmup} warm-up runs")
     rows = []
     header = ("layer", "C", "pass", "sparsegrid ms", "per-tap ms", "dense ms", "GEMM ms", "vs GEMM")
     print("| " + " | ".join(header) + " |")
@@ -191,7 +197,7 @@ def run(args):
         print(f"  {name}: {value if isinstance(value, dict) else f'{value:.1f}'}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": str(device), "dtype": args.dtype, "voxels": grid.num_voxels, "rows": rows,
+            json.dump({"device": str(device), "dtype": args.dtype, "tf32": args.tf32, "voxels": grid.num_voxels, "rows": rows,
                        "host_overhead_us": overhead, "host_overhead_parts": parts}, f, indent=1)
 
 
@@ -203,6 +209,8 @@ def main():
     parser.add_argument("--channels", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16", "bfloat16"])
+    parser.add_argument("--tf32", action="store_true",
+                        help="allow TF32 for float32 matrix products (sparsegrid and torch.mm alike)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)

@@ -123,6 +123,10 @@ if want conv; then
     step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
       --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
   done
+  # The same float32 kernels with the 4 x 4 register tiles everywhere (the previous kernels), for comparison.
+  step "conv float32, 4x4 tiles" bash -c "SPARSEGRID_CONV_TILES=4x4 '$build/tools/sparsegrid' conv --device cuda \
+    --input '$root/data/reference_batch_r64.txt' --members 16 --dtype float32 --repeats 20 --warmup 5 \
+    | tee '$out/conv_float32_4x4.md'"
   # Through the PyTorch layer: convolutions against per-tap torch ops, dense conv3d and an equal-FLOP
   # GEMM, and the per-layer host overhead.
   if [ $have_layer = 1 ]; then
@@ -131,6 +135,9 @@ if want conv; then
         --repeats 20 --warmup 5 --dtype $dtype --input '$root/data/reference_batch_r64.txt' \
         --json '$out/conv_torch_$dtype.json' | tee '$out/conv_torch_$dtype.md'"
     done
+    step "conv bench (torch) float32, TF32 allowed" "${pyenv[@]}" bash -c "python3 '$root/bench/conv_bench.py' \
+      --device cuda --repeats 20 --warmup 5 --dtype float32 --tf32 --input '$root/data/reference_batch_r64.txt' \
+      --json '$out/conv_torch_tf32.json' | tee '$out/conv_torch_tf32.md'"
   fi
 fi
 if want train && [ $have_layer = 1 ]; then

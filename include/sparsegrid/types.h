@@ -62,6 +62,10 @@ struct Context {
     Device device = Device::cpu();
     void* stream = nullptr;
     Allocator* allocator = nullptr;
+    /// Float32 convolutions may run on TF32 tensor cores (CUDA, compute capability 8.0+): inputs rounded
+    /// to TF32's 10-bit mantissa, products summed in float32, still deterministic. Off by default, as
+    /// in cuBLAS and PyTorch; the CPU backend always computes in float32.
+    bool allow_tf32 = false;
 
     Allocator& resolved_allocator() const { return allocator ? *allocator : default_allocator(device); }
 };

@@ -293,7 +293,10 @@ class ConvolutionPlan:
     def execute(self, features, weight):
         """features [N_source, Cin], weight [Cout, Cin, K0, K1, K2] -> [N_target, Cout], differentiable.
         Both on the plan's device with one dtype: float32 or float64, or float16 / bfloat16 on CUDA
-        (accumulated in float32). No host synchronisation, forward or backward."""
+        (accumulated in float32). Float32 on CUDA runs on TF32 tensor cores exactly when PyTorch allows
+        TF32 for its own float32 matrix products (torch.backends.cuda.matmul.allow_tf32, or
+        torch.set_float32_matmul_precision("high")); off by default. No host synchronisation, forward or
+        backward."""
         if (isinstance(features, torch.Tensor) and isinstance(weight, torch.Tensor) and
                 not (torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad))):
             # Nothing can ask for a gradient: the plan's forward directly, without the operator's

@@ -87,9 +87,16 @@ __global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__
     }
 }
 
-/// acc[i][j] += sum over kk of a_tile[kk][row + i] * b_tile[kk][column + j]: one thread's register tile
-/// of a shared-memory tile product, summed in kk order.
-template <typename A, int BK, int LDA, int LDB, int TM, int TN>
+/// acc[i][j] += sum over kk of a_tile[kk][row_i] * b_tile[kk][column_j]: one thread's register tile of
+/// a shared-memory tile product, summed in kk order. The thread's rows are row + i for TM <= 4, and for
+/// TM = 8 two runs of four, row + i and row + kRowStride + i (columns alike), so that the 16-byte shared
+/// loads of a quarter warp fall on distinct banks.
+template <int TM, int kStride>
+__device__ __forceinline__ int tile_offset(int i) {
+    return TM <= 4 ? i : (i / 4) * kStride + i % 4;
+}
+
+template <typename A, int BK, int LDA, int LDB, int TM, int TN, int kRowStride = 0, int kColumnStride = 0>
 __device__ __forceinline__ void multiply_tiles(const A (&a_tile)[BK][LDA], const A (&b_tile)[BK][LDB], int row,
                                                int column, A (&acc)[TM][TN]) {
 #pragma unroll
@@ -97,9 +104,9 @@ __device__ __forceinline__ void multiply_tiles(const A (&a_tile)[BK][LDA], const
         A a[TM];
         A b[TN];
 #pragma unroll
-        for (int i = 0; i < TM; ++i) a[i] = a_tile[kk][row + i];
+        for (int i = 0; i < TM; ++i) a[i] = a_tile[kk][row + tile_offset<TM, kRowStride>(i)];
 #pragma unroll
-        for (int j = 0; j < TN; ++j) b[j] = b_tile[kk][column + j];
+        for (int j = 0; j < TN; ++j) b[j] = b_tile[kk][column + tile_offset<TN, kColumnStride>(j)];
 #pragma unroll
         for (int i = 0; i < TM; ++i)
 #pragma unroll
@@ -107,23 +114,71 @@ __device__ __forceinline__ void multiply_tiles(const A (&a_tile)[BK][LDA], const
     }
 }
 
-// Tensor-core helpers, for the kernels below that run on compute capability 8.0 and later.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-using WarpAccumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+/// The taps at which some row of a block has an edge (bit t for tap t), for volume <= 64, into *mask;
+/// `row_of[i]` is the block's row i (-1 past the end). One pass over the rows' map entries, all loads in
+/// flight at once, instead of a dependent load and a barrier per tap. Ends with a barrier.
+template <int kThreadCount>
+__device__ __forceinline__ void block_tap_mask(const int32_t* __restrict__ map, int32_t volume, const int64_t* row_of,
+                                               int rows_in_block, unsigned long long* mask) {
+    const int tid = static_cast<int>(threadIdx.x);
+    if (tid == 0) *mask = 0;
+    __syncthreads();
+    unsigned long long mine = 0;
+    for (int idx = tid; idx < rows_in_block * volume; idx += kThreadCount) {
+        const int64_t r = row_of[idx / volume];
+        const int t = idx % volume;
+        if (r >= 0 && map[r * volume + t] >= 0) mine |= 1ull << t;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) mine |= __shfl_xor_sync(0xffffffffu, mine, offset);
+    if (tid % 32 == 0 && mine != 0) atomicOr(mask, mine);
+    __syncthreads();
+}
 
-/// One warp's 32 x 32 quarter of a tensor-core tile product over 16 values of k: acc[i][j] += A_i B_j
-/// with A_i the 16 x 16 block at a + i * a_step (layout LayoutA, leading dimension lda) and B_j the block
-/// at b + 16 j (row-major, leading dimension ldb).
+// Tensor-core helpers, for the kernels below that run on compute capability 8.0 and later: float16 and
+// bfloat16 fragments of 16 x 16 x 16, and for float (TF32) 16 x 16 x 8 whose inputs are rounded to TF32
+// (10-bit mantissa) as they are loaded; float32 accumulators throughout.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <typename T>
+struct WarpShape {
+    static constexpr int K = 16;
+    using Element = T;
+};
+template <>
+struct WarpShape<float> {
+    static constexpr int K = 8;
+    using Element = nvcuda::wmma::precision::tf32;
+};
+template <typename T>
+using WarpAccumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, WarpShape<T>::K, float>;
+
+template <typename Fragment>
+__device__ __forceinline__ void round_to_tf32(Fragment& fragment) {
+#pragma unroll
+    for (int e = 0; e < fragment.num_elements; ++e) fragment.x[e] = nvcuda::wmma::__float_to_tf32(fragment.x[e]);
+}
+
+/// One warp's 32 x 32 quarter of a tensor-core tile product over WarpShape<T>::K values of k:
+/// acc[i][j] += A_i B_j with A_i the 16 x K block at a + i * a_step (layout LayoutA, leading dimension
+/// lda) and B_j the K x 16 block at b + 16 j (row-major, leading dimension ldb).
 template <typename T, typename LayoutA>
-__device__ __forceinline__ void warp_multiply(WarpAccumulator (&acc)[2][2], const T* a, int a_step, int lda,
+__device__ __forceinline__ void warp_multiply(WarpAccumulator<T> (&acc)[2][2], const T* a, int a_step, int lda,
                                               const T* b, int ldb) {
     using namespace nvcuda;
-    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, LayoutA> a_block[2];
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b_block[2];
+    constexpr int K = WarpShape<T>::K;
+    using Element = typename WarpShape<T>::Element;
+    wmma::fragment<wmma::matrix_a, 16, 16, K, Element, LayoutA> a_block[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, K, Element, wmma::row_major> b_block[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(a_block[i], a + i * a_step, lda);
+    for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(a_block[i], a + i * a_step, lda);
+        if constexpr (std::is_same_v<T, float>) round_to_tf32(a_block[i]);
+    }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wmma::load_matrix_sync(b_block[j], b + 16 * j, ldb);
+    for (int j = 0; j < 2; ++j) {
+        wmma::load_matrix_sync(b_block[j], b + 16 * j, ldb);
+        if constexpr (std::is_same_v<T, float>) round_to_tf32(b_block[j]);
+    }
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -131,7 +186,8 @@ __device__ __forceinline__ void warp_multiply(WarpAccumulator (&acc)[2][2], cons
 }
 
 /// Zeroes a warp's 32 x 32 accumulators.
-__device__ __forceinline__ void warp_fill(WarpAccumulator (&acc)[2][2]) {
+template <typename T>
+__device__ __forceinline__ void warp_fill(WarpAccumulator<T> (&acc)[2][2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -139,7 +195,8 @@ __device__ __forceinline__ void warp_fill(WarpAccumulator (&acc)[2][2]) {
 }
 
 /// Writes a warp's 32 x 32 accumulators row-major into c (leading dimension ldc).
-__device__ __forceinline__ void warp_store(WarpAccumulator (&acc)[2][2], float* c, int ldc) {
+template <typename T>
+__device__ __forceinline__ void warp_store(WarpAccumulator<T> (&acc)[2][2], float* c, int ldc) {
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -149,32 +206,40 @@ __device__ __forceinline__ void warp_store(WarpAccumulator (&acc)[2][2], float* 
 }
 #endif
 
-/// out[r, n] = sum_t sum_k x[map[r][t], k] * packed[t][k][n]; 256 threads, 4 x 4 outputs each.
-template <typename T, typename A, int BM, int BN, int BK>
-__global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* __restrict__ map,
-                                                               const int32_t* __restrict__ order, int64_t rows,
-                                                               int32_t volume, const T* __restrict__ x,
-                                                               const A* __restrict__ packed, T* __restrict__ out,
-                                                               int32_t x_channels, int32_t y_channels) {
-    constexpr int TM = 4;
-    constexpr int TN = 4;
+/// out[r, n] = sum_t sum_k x[map[r][t], k] * packed[t][k][n]: a BM x BN output tile per block, TM x TN
+/// outputs per thread. `vector_x` / `vector_w`: rows of x and of the packed weights start 16-byte
+/// aligned with a multiple of four channels (float only), so tiles load in float4.
+template <typename T, typename A, int BM, int BN, int BK, int TM, int TN>
+__global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
+    const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
+    const T* __restrict__ x, const A* __restrict__ packed, T* __restrict__ out, int32_t x_channels,
+    int32_t y_channels, bool vector_x, bool vector_w) {
     constexpr int kColumns = BN / TN;
-    static_assert((BM / TM) * kColumns == kConvThreads, "tile shape must use every thread");
+    constexpr int kThreadCount = (BM / TM) * kColumns;
+    constexpr int kRowStride = BM / (TM > 4 ? TM / 4 : 1);  // between a thread's runs of 4 rows (TM = 8)
+    constexpr int kColumnStride = BN / (TN > 4 ? TN / 4 : 1);
+    constexpr bool kVector = std::is_same_v<T, float> && std::is_same_v<A, float>;
+    static_assert(BK % 4 == 0 && BN % 4 == 0, "float4 tile loads");
     __shared__ __align__(16) A a_tile[BK][BM + 4];
     __shared__ __align__(16) A b_tile[BK][BN];
     __shared__ int32_t source[BM];
     __shared__ int64_t row_of[BM];  // the block's rows: positions row0.. of `order`, -1 past the end
+    __shared__ unsigned long long tap_mask;
 
     const int tid = static_cast<int>(threadIdx.x);
     const int ty = tid / kColumns;
     const int tx = tid % kColumns;
+    const int row = ty * (TM > 4 ? 4 : TM);
+    const int column = tx * (TN > 4 ? 4 : TN);
     const int64_t row0 = int64_t{blockIdx.x} * BM;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
-    for (int i = tid; i < BM; i += kConvThreads) {
+    for (int i = tid; i < BM; i += kThreadCount) {
         const int64_t p = row0 + i;
         row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
     }
     __syncthreads();
+    const bool masked = map != nullptr && volume <= 64;
+    if (masked) block_tap_mask<kThreadCount>(map, volume, row_of, BM, &tap_mask);
 
     A acc[TM][TN];
 #pragma unroll
@@ -183,8 +248,9 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
         for (int j = 0; j < TN; ++j) acc[i][j] = A(0);
 
     for (int32_t t = 0; t < volume; ++t) {
+        if (masked && !((tap_mask >> t) & 1ull)) continue;  // the same for every thread of the block
         int any = 0;
-        for (int i = tid; i < BM; i += kConvThreads) {
+        for (int i = tid; i < BM; i += kThreadCount) {
             const int64_t r = row_of[i];
             int32_t s = -1;
             if (r >= 0) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
@@ -194,40 +260,69 @@ __global__ __launch_bounds__(kConvThreads) void map_conv_kernel(const int32_t* _
         if (!__syncthreads_or(any)) continue;  // also publishes source[]
         const A* w = packed + int64_t{t} * x_channels * y_channels;
         for (int k0 = 0; k0 < x_channels; k0 += BK) {
-            for (int idx = tid; idx < BM * BK; idx += kConvThreads) {
-                const int m = idx / BK;
-                const int kk = idx % BK;
-                const int k = k0 + kk;
-                const int32_t s = source[m];
-                a_tile[kk][m] = (s >= 0 && k < x_channels) ? to_acc<A>(x[int64_t{s} * x_channels + k]) : A(0);
+            if (kVector && vector_x) {
+                for (int idx = tid; idx < BM * (BK / 4); idx += kThreadCount) {
+                    const int m = idx / (BK / 4);
+                    const int kk = (idx % (BK / 4)) * 4;
+                    const int32_t s = source[m];
+                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (s >= 0 && k0 + kk < x_channels)
+                        v = *reinterpret_cast<const float4*>(x + int64_t{s} * x_channels + k0 + kk);
+                    a_tile[kk][m] = v.x;
+                    a_tile[kk + 1][m] = v.y;
+                    a_tile[kk + 2][m] = v.z;
+                    a_tile[kk + 3][m] = v.w;
+                }
+            } else {
+                for (int idx = tid; idx < BM * BK; idx += kThreadCount) {
+                    const int m = idx / BK;
+                    const int kk = idx % BK;
+                    const int k = k0 + kk;
+                    const int32_t s = source[m];
+                    a_tile[kk][m] = (s >= 0 && k < x_channels) ? to_acc<A>(x[int64_t{s} * x_channels + k]) : A(0);
+                }
             }
-            for (int idx = tid; idx < BK * BN; idx += kConvThreads) {
-                const int kk = idx / BN;
-                const int n = idx % BN;
-                const int k = k0 + kk;
-                b_tile[kk][n] = (k < x_channels && n0 + n < y_channels) ? w[int64_t{k} * y_channels + n0 + n] : A(0);
+            if (kVector && vector_w) {
+                for (int idx = tid; idx < BK * (BN / 4); idx += kThreadCount) {
+                    const int kk = idx / (BN / 4);
+                    const int n = (idx % (BN / 4)) * 4;
+                    const int k = k0 + kk;
+                    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    if (k < x_channels && n0 + n < y_channels)
+                        v = *reinterpret_cast<const float4*>(w + int64_t{k} * y_channels + n0 + n);
+                    *reinterpret_cast<float4*>(&b_tile[kk][n]) = v;
+                }
+            } else {
+                for (int idx = tid; idx < BK * BN; idx += kThreadCount) {
+                    const int kk = idx / BN;
+                    const int n = idx % BN;
+                    const int k = k0 + kk;
+                    b_tile[kk][n] =
+                        (k < x_channels && n0 + n < y_channels) ? w[int64_t{k} * y_channels + n0 + n] : A(0);
+                }
             }
             __syncthreads();
-            multiply_tiles(a_tile, b_tile, ty * TM, tx * TN, acc);
+            multiply_tiles<A, BK, BM + 4, BN, TM, TN, kRowStride, kColumnStride>(a_tile, b_tile, row, column, acc);
             __syncthreads();
         }
     }
 
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        const int64_t r = row_of[ty * TM + i];
+        const int64_t r = row_of[row + tile_offset<TM, kRowStride>(i)];
         if (r < 0) continue;
 #pragma unroll
         for (int j = 0; j < TN; ++j) {
-            const int n = n0 + tx * TN + j;
+            const int n = n0 + column + tile_offset<TN, kColumnStride>(j);
             if (n < y_channels) out[r * y_channels + n] = from_acc<T>(acc[i][j]);
         }
     }
 }
 
-/// Tensor-core variant of map_conv_kernel for float16 / bfloat16 (float32 accumulation): 4 warps, a
-/// 64 x 64 output tile, each warp a 32 x 32 quarter of 16 x 16 x 16 fragments. Same row order, tap
-/// skipping and summation order per element (tap, then channel blocks of 32) on every run.
+/// Tensor-core variant of map_conv_kernel for float16 / bfloat16, and for float in TF32 (float32
+/// accumulation throughout): 4 warps, a 64 x 64 output tile, each warp a 32 x 32 quarter of 16 x 16 x K
+/// fragments. Same row order, tap skipping and summation order per element (tap, then channel blocks
+/// of 32) on every run.
 template <typename T>
 __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __restrict__ map,
                                                              const int32_t* __restrict__ order, int64_t rows,
@@ -240,12 +335,14 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
 #else
     using namespace nvcuda;
     constexpr int BM = 64, BN = 64, BK = 32;
+    constexpr int kVector = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
     constexpr int kLda = BK + 8, kLdb = BN + 8, kLdc = BN + 4;
     __shared__ __align__(32) T a_tile[BM * kLda];
     __shared__ __align__(32) T b_tile[BK * kLdb];
     __shared__ __align__(32) float c_tile[BM * kLdc];
     __shared__ int32_t source[BM];
     __shared__ int64_t row_of[BM];
+    __shared__ unsigned long long tap_mask;
 
     const int tid = static_cast<int>(threadIdx.x);
     const int warp = tid / 32;
@@ -258,12 +355,15 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
         row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
     }
     __syncthreads();
+    const bool masked = map != nullptr && volume <= 64;
+    if (masked) block_tap_mask<128>(map, volume, row_of, BM, &tap_mask);
 
-    WarpAccumulator acc[2][2];
-    warp_fill(acc);
+    WarpAccumulator<T> acc[2][2];
+    warp_fill<T>(acc);
     const T zero = from_acc<T>(0.0f);
 
     for (int32_t t = 0; t < volume; ++t) {
+        if (masked && !((tap_mask >> t) & 1ull)) continue;  // the same for every thread of the block
         int any = 0;
         for (int i = tid; i < BM; i += 128) {
             const int64_t r = row_of[i];
@@ -276,9 +376,9 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
         const T* w = packed + int64_t{t} * x_channels * y_channels;
         for (int k0 = 0; k0 < x_channels; k0 += BK) {
             if (vector_x) {
-                for (int idx = tid; idx < BM * (BK / 8); idx += 128) {
-                    const int m = idx / (BK / 8);
-                    const int kk = (idx % (BK / 8)) * 8;
+                for (int idx = tid; idx < BM * (BK / kVector); idx += 128) {
+                    const int m = idx / (BK / kVector);
+                    const int kk = (idx % (BK / kVector)) * kVector;
                     const int32_t s = source[m];
                     uint4 v = make_uint4(0, 0, 0, 0);
                     if (s >= 0 && k0 + kk < x_channels)
@@ -295,9 +395,9 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
                 }
             }
             if (vector_w) {
-                for (int idx = tid; idx < BK * (BN / 8); idx += 128) {
-                    const int kk = idx / (BN / 8);
-                    const int n = (idx % (BN / 8)) * 8;
+                for (int idx = tid; idx < BK * (BN / kVector); idx += 128) {
+                    const int kk = idx / (BN / kVector);
+                    const int n = (idx % (BN / kVector)) * kVector;
                     uint4 v = make_uint4(0, 0, 0, 0);
                     if (k0 + kk < x_channels && n0 + n < y_channels)
                         v = *reinterpret_cast<const uint4*>(w + int64_t{k0 + kk} * y_channels + n0 + n);
@@ -313,13 +413,13 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
             }
             __syncthreads();
 #pragma unroll
-            for (int kk = 0; kk < BK; kk += 16)
+            for (int kk = 0; kk < BK; kk += WarpShape<T>::K)
                 warp_multiply<T, wmma::row_major>(acc, a_tile + warp_m * kLda + kk, 16 * kLda, kLda,
                                                   b_tile + kk * kLdb + warp_n, kLdb);
             __syncthreads();
         }
     }
-    warp_store(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
+    warp_store<T>(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
     __syncthreads();
     for (int idx = tid; idx < BM * BN; idx += 128) {
         const int m = idx / BN;
@@ -330,12 +430,27 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
 #endif
 }
 
-/// Whether the context's device has bfloat16/float16 tensor cores usable by wmma (compute capability 8.0+).
+/// Whether the context's device has float16 / bfloat16 / TF32 tensor cores usable by wmma (compute
+/// capability 8.0+).
 bool tensor_cores_available(const Context& ctx) {
     int major = 0;
     SPARSEGRID_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.index));
     return major >= 8;
 }
+
+/// Whether an execution in T runs on tensor cores: float16 / bfloat16 wherever they are available,
+/// float only when the context allows TF32.
+template <typename T>
+bool use_tensor_cores(const Context& ctx) {
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) return tensor_cores_available(ctx);
+    if constexpr (std::is_same_v<T, float>) return ctx.allow_tf32 && tensor_cores_available(ctx);
+    return false;
+}
+
+/// Types with a tensor-core kernel.
+template <typename T>
+constexpr bool kHasTensorKernel = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16> ||
+                                  std::is_same_v<T, float>;
 
 constexpr int kGradScan = 256;
 
@@ -418,7 +533,7 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
     }
 }
 
-/// Tensor-core variant of weight_grad_kernel for float16 / bfloat16: 4 warps, a 64 x 64 tile of
+/// Tensor-core variant of weight_grad_kernel for float16 / bfloat16 and TF32: 4 warps, a 64 x 64 tile of
 /// [in_channels, out_channels], float32 accumulators; edges compacted and consumed in the same order.
 template <typename T>
 __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* __restrict__ map, int64_t rows,
@@ -432,6 +547,7 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
 #else
     using namespace nvcuda;
     constexpr int kTile = 64, BK = 32, kScan = 128;
+    constexpr int kVector = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
     constexpr int kLd = kTile + 8, kLdc = kTile + 4;
     using BlockScan = cub::BlockScan<int, 128>;
     __shared__ typename BlockScan::TempStorage scan_storage;
@@ -453,8 +569,8 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
     const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
     const T zero = from_acc<T>(0.0f);
 
-    WarpAccumulator acc[2][2];
-    warp_fill(acc);
+    WarpAccumulator<T> acc[2][2];
+    warp_fill<T>(acc);
 
     for (int64_t base = begin; base < end; base += kScan) {
         const int64_t r = base + tid;
@@ -472,9 +588,9 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
         for (int k0 = 0; k0 < edges; k0 += BK) {
             // Rows k of both tiles: channels [m0, m0 + 64) of x at the edge's source, [n0, n0 + 64) of grad
             // at its target; zeros past the edges and the channel counts.
-            for (int idx = tid; idx < BK * (kTile / 8); idx += 128) {
-                const int kk = idx / (kTile / 8);
-                const int c = (idx % (kTile / 8)) * 8;
+            for (int idx = tid; idx < BK * (kTile / kVector); idx += 128) {
+                const int kk = idx / (kTile / kVector);
+                const int c = (idx % (kTile / kVector)) * kVector;
                 const bool valid = k0 + kk < edges;
                 const T* x_row = valid ? x + int64_t{edge_source[k0 + kk]} * in_channels : nullptr;
                 const T* g_row = valid ? grad + edge_row[k0 + kk] * out_channels : nullptr;
@@ -483,7 +599,7 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
                     if (valid && m0 + c < in_channels) v = *reinterpret_cast<const uint4*>(x_row + m0 + c);
                     *reinterpret_cast<uint4*>(a_tile + kk * kLd + c) = v;
                 } else {
-                    for (int e = 0; e < 8; ++e)
+                    for (int e = 0; e < kVector; ++e)
                         a_tile[kk * kLd + c + e] = valid && m0 + c + e < in_channels ? x_row[m0 + c + e] : zero;
                 }
                 if (vector_g) {
@@ -491,20 +607,20 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
                     if (valid && n0 + c < out_channels) v = *reinterpret_cast<const uint4*>(g_row + n0 + c);
                     *reinterpret_cast<uint4*>(b_tile + kk * kLd + c) = v;
                 } else {
-                    for (int e = 0; e < 8; ++e)
+                    for (int e = 0; e < kVector; ++e)
                         b_tile[kk * kLd + c + e] = valid && n0 + c + e < out_channels ? g_row[n0 + c + e] : zero;
                 }
             }
             __syncthreads();
 #pragma unroll
-            for (int kk = 0; kk < BK; kk += 16)
+            for (int kk = 0; kk < BK; kk += WarpShape<T>::K)
                 warp_multiply<T, wmma::col_major>(acc, a_tile + kk * kLd + warp_m, 16, kLd,
                                                   b_tile + kk * kLd + warp_n, kLd);
             __syncthreads();
         }
         __syncthreads();  // edge lists and scan storage are reused by the next batch of rows
     }
-    warp_store(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
+    warp_store<T>(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
     __syncthreads();
     float* slot = partial + (chunk * volume + t) * int64_t{in_channels} * out_channels;
     for (int idx = tid; idx < kTile * kTile; idx += 128) {
@@ -532,14 +648,28 @@ __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t
     }
 }
 
-template <typename T, typename A, int BM, int BN>
+template <typename T, typename A, int BM, int BN, int TM, int TN>
 void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
                      const A* packed, T* out, int32_t x_channels, int32_t y_channels, cudaStream_t stream) {
     constexpr int BK = sizeof(A) == 8 ? 8 : 16;
+    constexpr int kThreadCount = (BM / TM) * (BN / TN);
+    const bool vector_x = x_channels % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+    const bool vector_w = y_channels % 4 == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0;
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
-    map_conv_kernel<T, A, BM, BN, BK><<<grid, kConvThreads, 0, stream>>>(map, order, rows, volume, x, packed,
-                                                                         out, x_channels, y_channels);
+    map_conv_kernel<T, A, BM, BN, BK, TM, TN><<<grid, kThreadCount, 0, stream>>>(
+        map, order, rows, volume, x, packed, out, x_channels, y_channels, vector_x, vector_w);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+}
+
+/// Whether float convolutions over more than 32 output channels use 8 x 8 outputs per thread
+/// (128 x 64 or 64 x 128 tiles): yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps the 64 x 64
+/// tiles of 4 x 4 per thread (for measurements; results are bitwise equal, the sums keep their order).
+bool wide_register_tiles() {
+    static const bool wide = [] {
+        const char* value = std::getenv("SPARSEGRID_CONV_TILES");
+        return !(value && std::string(value) == "4x4");
+    }();
+    return wide;
 }
 
 void check_sizes(const char* op, int64_t rows, int32_t volume, int64_t x_channels, int64_t y_channels) {
@@ -561,17 +691,17 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
     const cudaStream_t stream = stream_of(ctx);
     const int64_t in_channels = transpose_weight ? y_channels : x_channels;
     const int64_t out_channels = transpose_weight ? x_channels : y_channels;
-    constexpr bool kSixteenBit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-    if constexpr (kSixteenBit) {
-        if (tensor_cores_available(ctx)) {
+    if constexpr (kHasTensorKernel<T>) {
+        if (use_tensor_cores<T>(ctx)) {
             // Tensor cores: weights packed in T, float32 accumulators.
             Buffer<T> packed = Buffer<T>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
             pack_weight_kernel<T, T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
                 weight, packed.data(), volume, in_channels, out_channels, transpose_weight);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
             // 16-byte loads where rows of x and of the packed weights start 16-byte aligned.
-            const bool vector_x = x_channels % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-            const bool vector_w = y_channels % 8 == 0 && reinterpret_cast<uintptr_t>(packed.data()) % 16 == 0;
+            constexpr int kVector = 16 / static_cast<int>(sizeof(T));
+            const bool vector_x = x_channels % kVector == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+            const bool vector_w = y_channels % kVector == 0 && reinterpret_cast<uintptr_t>(packed.data()) % 16 == 0;
             const dim3 grid(static_cast<unsigned>((rows + 63) / 64), static_cast<unsigned>((y_channels + 63) / 64));
             map_conv_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(), out,
                                                                 static_cast<int32_t>(x_channels),
@@ -586,9 +716,16 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);
-    if (yc <= 16) launch_map_conv<T, A, 256, 16>(map, order, rows, volume, x, packed.data(), out, xc, yc, stream);
-    else if (yc <= 32) launch_map_conv<T, A, 128, 32>(map, order, rows, volume, x, packed.data(), out, xc, yc, stream);
-    else launch_map_conv<T, A, 64, 64>(map, order, rows, volume, x, packed.data(), out, xc, yc, stream);
+    const A* w = packed.data();
+    if (yc <= 16) return launch_map_conv<T, A, 256, 16, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, stream);
+    if (yc <= 32) return launch_map_conv<T, A, 128, 32, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, stream);
+    if constexpr (std::is_same_v<A, float>) {
+        if (wide_register_tiles()) {
+            if (yc <= 64) return launch_map_conv<T, A, 128, 64, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, stream);
+            return launch_map_conv<T, A, 64, 128, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, stream);
+        }
+    }
+    launch_map_conv<T, A, 64, 64, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, stream);
 }
 
 /// Chunks of rows for the weight gradient: enough blocks to fill a large GPU, at least 1024 rows per
@@ -610,9 +747,7 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
     using A = typename AccumulatorOf<T>::type;
     check_sizes("ConvolutionPlan::backward_weight (CUDA)", rows, volume, in_channels, out_channels);
     const cudaStream_t stream = stream_of(ctx);
-    constexpr bool kSixteenBit = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>;
-    bool tensor_cores = false;
-    if constexpr (kSixteenBit) tensor_cores = tensor_cores_available(ctx);
+    const bool tensor_cores = use_tensor_cores<T>(ctx);
     // 64 x 64 tiles on tensor cores, or (4 x 4 outputs per thread) once both channel counts exceed 32;
     // else 32 x 32.
     const int tile = tensor_cores || (in_channels > 32 && out_channels > 32) ? 64 : 32;
@@ -634,11 +769,12 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
         const auto cin = static_cast<int32_t>(in_channels), cout = static_cast<int32_t>(out_channels);
         const auto columns = static_cast<int32_t>(tiles_n);
         bool launched = false;
-        if constexpr (kSixteenBit) {
+        if constexpr (kHasTensorKernel<T>) {
             if (tensor_cores) {
                 // 16-byte loads where rows of x and grad start 16-byte aligned.
-                const bool vector_x = in_channels % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-                const bool vector_g = out_channels % 8 == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
+                constexpr int kVector = 16 / static_cast<int>(sizeof(T));
+                const bool vector_x = in_channels % kVector == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+                const bool vector_g = out_channels % kVector == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
                 weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, rows, volume, x, grad, partial.data(),
                                                                        cin, cout, rows_per_chunk, columns, vector_x,
                                                                        vector_g);

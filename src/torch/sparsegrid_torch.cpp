@@ -573,6 +573,16 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
         check_device(weight, plan.source_grid().device(), op, "weight");
     }
 
+    /// The context executions run on: the target grid's, allowing TF32 for float32 on CUDA exactly when
+    /// PyTorch allows it for its own float32 matrix products (torch.backends.cuda.matmul.allow_tf32, or
+    /// torch.set_float32_matmul_precision("high")).
+    sparsegrid::Context execution_context(sparsegrid::DType dtype) const {
+        sparsegrid::Context ctx = plan.target_grid().context();
+        ctx.allow_tf32 = dtype == sparsegrid::DType::Float32 && ctx.device.is_cuda() &&
+                         at::globalContext().allowTF32CuBLAS();
+        return ctx;
+    }
+
     void check_features(const torch::Tensor& x, int64_t rows, const char* op, const char* name) const {
         if (x.dim() != 2) fail(op, ": ", name, " must have shape [N, C], got ", x.dim(), " dimensions");
         if (x.size(0) != rows) fail(op, ": ", name, " must have ", rows, " rows (one per voxel), got ", x.size(0));
@@ -593,7 +603,7 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
         const torch::Tensor x = input.contiguous(), w = weight.contiguous();
         torch::Tensor out = torch::empty({plan.target_grid().num_voxels(), w.size(0)}, x.options());
         const CoreScope scope(plan.source_grid().context()), target_scope(plan.target_grid().context());
-        plan.forward(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.size(1), w.size(0), dtype);
+        plan.forward(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.size(1), w.size(0), dtype, execution_context(dtype));
         return out;
     }
 
@@ -611,7 +621,8 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
         const torch::Tensor g = grad_output.contiguous(), w = weight.contiguous();
         torch::Tensor out = torch::empty({plan.source_grid().num_voxels(), w.size(1)}, g.options());
         const CoreScope scope(plan.source_grid().context()), target_scope(plan.target_grid().context());
-        plan.backward_input(g.data_ptr(), w.data_ptr(), out.data_ptr(), w.size(1), w.size(0), dtype);
+        plan.backward_input(g.data_ptr(), w.data_ptr(), out.data_ptr(), w.size(1), w.size(0), dtype,
+                            execution_context(dtype));
         return out;
     }
 
@@ -628,7 +639,8 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
         const Vec3i& k = plan.kernel_size();
         torch::Tensor out = torch::empty({g.size(1), x.size(1), k[0], k[1], k[2]}, x.options());
         const CoreScope scope(plan.source_grid().context()), target_scope(plan.target_grid().context());
-        plan.backward_weight(x.data_ptr(), g.data_ptr(), out.data_ptr(), x.size(1), g.size(1), dtype);
+        plan.backward_weight(x.data_ptr(), g.data_ptr(), out.data_ptr(), x.size(1), g.size(1), dtype,
+                             execution_context(dtype));
         return out;
     }
 };

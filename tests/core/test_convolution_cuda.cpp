@@ -2,7 +2,7 @@
 // test_convolution.cpp): the same plans built on both devices, forward, input gradient and weight
 // gradient over random grids, every kernel/stride case, channel counts across the kernels' tile
 // sizes, and a batch of synthetic surfaces large enough for many blocks and row chunks. Also bitwise
-// determinism, float16/bfloat16 against float32, and the errors. Skipped without a CUDA device.
+// determinism, float16/bfloat16 and TF32 against float32, and the errors. Skipped without a CUDA device.
 #include "test_util.h"
 
 #include <sparsegrid/convolution.h>
@@ -26,10 +26,11 @@ struct Results {
     std::vector<T> y, gx, gw;
 };
 
-/// Forward, input gradient and weight gradient of `plan` on its device, from host values.
+/// Forward, input gradient and weight gradient of `plan` on its device, from host values; with `tf32`
+/// on a context that allows TF32.
 template <typename T>
 Results<T> execute(const ConvolutionPlan& plan, const std::vector<T>& x, const std::vector<T>& w,
-                   const std::vector<T>& g, int64_t cin, int64_t cout, DType dtype) {
+                   const std::vector<T>& g, int64_t cin, int64_t cout, DType dtype, bool tf32 = false) {
     // The core takes raw pointers and cannot see their extents: a wrong size here reads past a buffer.
     EXPECT_EQ(static_cast<int64_t>(x.size()), plan.source_grid().num_voxels() * cin) << "x must be [source, cin]";
     EXPECT_EQ(static_cast<int64_t>(w.size()), cout * cin * plan.kernel_volume()) << "w must be [cout, cin, K]";
@@ -41,9 +42,11 @@ Results<T> execute(const ConvolutionPlan& plan, const std::vector<T>& x, const s
     Buffer<T> y = Buffer<T>::allocate(plan.target_grid().num_voxels() * cout, ctx);
     Buffer<T> gx = Buffer<T>::allocate(plan.source_grid().num_voxels() * cin, ctx);
     Buffer<T> gw = Buffer<T>::allocate(static_cast<int64_t>(w.size()), ctx);
-    plan.forward(dx.data(), dw.data(), y.data(), cin, cout, dtype);
-    plan.backward_input(dg.data(), dw.data(), gx.data(), cin, cout, dtype);
-    plan.backward_weight(dx.data(), dg.data(), gw.data(), cin, cout, dtype);
+    sparsegrid::Context run = ctx;
+    run.allow_tf32 = tf32;
+    plan.forward(dx.data(), dw.data(), y.data(), cin, cout, dtype, run);
+    plan.backward_input(dg.data(), dw.data(), gx.data(), cin, cout, dtype, run);
+    plan.backward_weight(dx.data(), dg.data(), gw.data(), cin, cout, dtype, run);
     return {y.to_host(ctx.stream), gx.to_host(ctx.stream), gw.to_host(ctx.stream)};
 }
 
@@ -199,7 +202,9 @@ protected:
 };
 
 TEST_F(ConvolutionCuda, MatchesCpuForEveryPlanKind) {
-    const std::vector<std::pair<int64_t, int64_t>> channels{{1, 1}, {3, 17}, {40, 5}, {33, 70}};
+    // Every tile shape: up to 16, 32, 64 and over 64 output channels (in either direction), channel counts
+    // with and without float4 rows, and more output channels than one 128-wide tile.
+    const std::vector<std::pair<int64_t, int64_t>> channels{{1, 1}, {3, 17}, {40, 5}, {33, 70}, {64, 132}};
     int64_t seed = 100;
     for (const PlanCase& plan_case : plan_cases())
         for (const auto& [cin, cout] : channels) {
@@ -231,6 +236,8 @@ TEST_F(ConvolutionCuda, SyntheticSurfacesManyBlocksAndChunks) {
                         }};
     compare_backends(k3s1, members, members, 32, 32, rng);
     compare_backends(k2s2, members, members, 16, 64, rng);
+    // The 8 x 8 register tiles (over 32 output channels) on ordered maps, both ways.
+    compare_backends(k3s1, members, members, 48, 72, rng);
 }
 
 TEST_F(ConvolutionCuda, RepeatedRunsAreBitwiseIdentical) {
@@ -288,6 +295,35 @@ TEST_F(ConvolutionCuda, HalfPrecisionAgreesWithFloat32) {
             EXPECT_TRUE(close(decode(low.gw), widen(reference.gw), tolerance, name));
         }
     }
+}
+
+TEST_F(ConvolutionCuda, Tf32AgreesWithFloat32) {
+    // Multiples of 1/8 in [-2, 2] are exact in TF32 and their products in float32: with TF32 allowed only
+    // the order of the float32 sums may differ. Channel counts across tiles, with and without float4 rows.
+    const auto members = random_batch(91, 4);
+    const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
+    Rng rng(91);
+    const std::vector<std::pair<int64_t, int64_t>> channels{{24, 40}, {70, 6}, {64, 132}};
+    for (const ConvolutionPlan& plan : {ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1}),
+                                        ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2}),
+                                        ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1})})
+        for (const auto& [cin, cout] : channels) {
+            SCOPED_TRACE(::testing::Message() << "volume " << plan.kernel_volume() << " cin " << cin << " cout "
+                                              << cout);
+            const int64_t volume = plan.kernel_volume();
+            const std::vector<float> x = cast<float>(random_eighths(rng, plan.source_grid().num_voxels() * cin));
+            const std::vector<float> w = cast<float>(random_eighths(rng, cout * cin * volume));
+            const std::vector<float> g = cast<float>(random_eighths(rng, plan.target_grid().num_voxels() * cout));
+            const Results<float> reference = execute(plan, x, w, g, cin, cout, DType::Float32);
+            const Results<float> tf32 = execute(plan, x, w, g, cin, cout, DType::Float32, true);
+            EXPECT_TRUE(close(widen(tf32.y), widen(reference.y), 1e-6, "forward tf32"));
+            EXPECT_TRUE(close(widen(tf32.gx), widen(reference.gx), 1e-6, "backward_input tf32"));
+            EXPECT_TRUE(close(widen(tf32.gw), widen(reference.gw), 1e-6, "backward_weight tf32"));
+            const Results<float> again = execute(plan, x, w, g, cin, cout, DType::Float32, true);
+            EXPECT_EQ(tf32.y, again.y);
+            EXPECT_EQ(tf32.gx, again.gx);
+            EXPECT_EQ(tf32.gw, again.gw);
+        }
 }
 
 TEST_F(ConvolutionCuda, ContextOnAnotherDeviceRaises) {

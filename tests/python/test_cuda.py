@@ -180,6 +180,35 @@ def test_half_precision_is_close_to_float32(k, s, transposed, dtype, bound, cuda
         assert error < bound, f"{name}: max error {float(error):.3g} of the largest value, bound {bound}"
 
 
+def test_float32_uses_tf32_exactly_when_torch_allows_it(cuda_device):
+    # 1 + 2^-12 is exact in float32 and rounds to 1 in TF32 (10-bit mantissa); only the centre tap is
+    # non-zero, so every output is the sum of 4 such inputs, 4 + 2^-10 in float32 and 4 in TF32.
+    grid = sg.GridBatch.from_ijk([torch.tensor([[0, 0, 0], [1, 0, 0], [5, 5, 5]], dtype=torch.int32)],
+                                 device=cuda_device)
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1, grid)
+    x = torch.full((3, 4), 1 + 2 ** -12, device=cuda_device)
+    w = torch.zeros(4, 4, 3, 3, 3, device=cuda_device)
+    w[:, :, 1, 1, 1] = 1
+    grad = torch.full((3, 4), 1 + 2 ** -12, device=cuda_device)
+    exact, rounded = 4 + 2 ** -10, 4.0
+    tensor_cores = torch.cuda.get_device_capability(cuda_device)[0] >= 8
+    previous = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        # grad_weight at the centre tap: the sum over the 3 voxels of grad * x, each (1 + 2^-12)^2 in
+        # float32 (so above 3) and 1 in TF32.
+        y, gx, gw = run_conv(plan, x, w, grad)
+        assert torch.all(y == exact) and torch.all(gx == exact) and torch.all(gw[:, :, 1, 1, 1] > 3)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        y, gx, gw = run_conv(plan, x, w, grad)
+        if tensor_cores:
+            assert torch.all(y == rounded) and torch.all(gx == rounded) and torch.all(gw[:, :, 1, 1, 1] == 3)
+        else:
+            assert torch.all(y == exact) and torch.all(gx == exact) and torch.all(gw[:, :, 1, 1, 1] > 3)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
 def test_gradcheck_on_cuda(cuda_device):
     grid = sg.GridBatch.from_ijk(random_members(7, 2, empty=()), device=cuda_device)
     plan = sg.ConvolutionPlan.from_grid(grid, 3, 2)
