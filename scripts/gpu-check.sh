@@ -76,6 +76,9 @@ if want test; then
   # Small maps keep voxel order by default: the CUDA convolution cases again with every map ordered.
   step "convolution tests, every map ordered" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_ORDER=1 \
     "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
+  # And with K = S plans gathered instead of scattered (SPARSEGRID_CONV_SCATTER=0), and the 4 x 4 tiles.
+  step "convolution tests, no scatter, 4x4 tiles" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_SCATTER=0 \
+    SPARSEGRID_CONV_TILES=4x4 "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
 fi
 if want python; then
   # The Python suite (run here instead of through ctest, with this machine's python3 and torch).
@@ -123,10 +126,12 @@ if want conv; then
     step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
       --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
   done
-  # The same float32 kernels with the 4 x 4 register tiles everywhere (the previous kernels), for comparison.
-  step "conv float32, 4x4 tiles" bash -c "SPARSEGRID_CONV_TILES=4x4 '$build/tools/sparsegrid' conv --device cuda \
-    --input '$root/data/reference_batch_r64.txt' --members 16 --dtype float32 --repeats 20 --warmup 5 \
-    | tee '$out/conv_float32_4x4.md'"
+  # For comparison: fine rows of K = S plans gathered like any other row instead of scattered to.
+  for dtype in float32 float16; do
+    step "conv $dtype, no scatter" bash -c "SPARSEGRID_CONV_SCATTER=0 '$build/tools/sparsegrid' conv --device cuda \
+      --input '$root/data/reference_batch_r64.txt' --members 16 --dtype $dtype --repeats 20 --warmup 5 \
+      | tee '$out/conv_${dtype}_gather.md'"
+  done
   # Through the PyTorch layer: convolutions against per-tap torch ops, dense conv3d and an equal-FLOP
   # GEMM, and the per-layer host overhead.
   if [ $have_layer = 1 ]; then

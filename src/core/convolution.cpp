@@ -184,9 +184,9 @@ void ConvolutionPlan::prepare(const Context& ctx) const {
 #endif
 }
 
-void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, const void* x, const void* weight,
-                                  bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
-                                  DType dtype, const Context& ctx) const {
+void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
+                                  const void* weight, bool transpose_weight, void* out, int64_t x_channels,
+                                  int64_t out_channels, DType dtype, const Context& ctx) const {
     const int32_t* map = m_maps ? m_maps->slot(slot).neighbour_map().data() : nullptr;
     const int32_t volume = m_maps ? kernel_volume() : 1;
     if (ctx.device.is_cpu()) {
@@ -196,9 +196,17 @@ void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, const 
     }
 #if defined(SPARSEGRID_WITH_CUDA)
     (void)op;
+    if (m_maps && single_edge_rows && detail::cuda::scatter_enabled()) {
+        // Over the other map (rows = the input's), each product written to its one output row.
+        const KernelMap& input_rows = m_maps->slot(1 - slot);
+        detail::cuda::map_convolution(input_rows.neighbour_map().data(), m_maps->row_order(1 - slot, ctx),
+                                      input_rows.num_target(), volume, x, weight, transpose_weight, out, x_channels,
+                                      out_channels, dtype, true, rows, ctx);
+        return;
+    }
     const int32_t* order = m_maps ? m_maps->row_order(slot, ctx) : nullptr;
     detail::cuda::map_convolution(map, order, rows, volume, x, weight, transpose_weight, out, x_channels,
-                                  out_channels, dtype, ctx);
+                                  out_channels, dtype, false, rows, ctx);
 #else
     detail::throw_backend_unavailable(op, ctx.device);
 #endif
@@ -211,8 +219,10 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
-    execute_map(op, m_flipped ? 1 : 0, m_target.num_voxels(), input, weight, false, output, in_channels,
-                out_channels, dtype, ctx);
+    // With K = S every fine voxel has at most one coarse neighbour: the target's rows when transposed.
+    const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Transposed;
+    execute_map(op, m_flipped ? 1 : 0, m_target.num_voxels(), single_edge_rows, input, weight, false, output,
+                in_channels, out_channels, dtype, ctx);
 }
 
 void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
@@ -223,8 +233,9 @@ void ConvolutionPlan::backward_input(const void* grad_output, const void* weight
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
-    execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), grad_output, weight, true, grad_input, out_channels,
-                in_channels, dtype, ctx);
+    const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Forward;
+    execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), single_edge_rows, grad_output, weight, true,
+                grad_input, out_channels, in_channels, dtype, ctx);
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
@@ -243,7 +254,15 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
         return;
     }
 #if defined(SPARSEGRID_WITH_CUDA)
-    detail::cuda::map_weight_gradient(map, m_target.num_voxels(), volume, input, grad_output, grad_weight,
+    // Over whichever map has fewer rows: every edge is in both, but the CUDA kernels scan each row once
+    // per tap, so e.g. the generative k2s2 (8 fine rows of one edge per coarse row of 8) takes the coarse
+    // rows. The source map is derived when missing (the input gradient needs it anyway).
+    if (m_maps && m_source.num_voxels() < m_target.num_voxels()) {
+        detail::cuda::map_weight_gradient(source_map().neighbour_map().data(), m_source.num_voxels(), volume, true,
+                                          input, grad_output, grad_weight, in_channels, out_channels, dtype, ctx);
+        return;
+    }
+    detail::cuda::map_weight_gradient(map, m_target.num_voxels(), volume, false, input, grad_output, grad_weight,
                                       in_channels, out_channels, dtype, ctx);
 #else
     detail::throw_backend_unavailable(op, ctx.device);

@@ -207,13 +207,15 @@ __device__ __forceinline__ void warp_store(WarpAccumulator<T> (&acc)[2][2], floa
 #endif
 
 /// out[r, n] = sum_t sum_k x[map[r][t], k] * packed[t][k][n]: a BM x BN output tile per block, TM x TN
-/// outputs per thread. `vector_x` / `vector_w`: rows of x and of the packed weights start 16-byte
+/// outputs per thread. With `scatter` the map's rows are the input's and every output row has at most
+/// one edge: out[map[r][t], n] = sum_k x[r, k] * packed[t][k][n], each written once (rows without an
+/// edge are left alone). `vector_x` / `vector_w`: rows of x and of the packed weights start 16-byte
 /// aligned with a multiple of four channels (float only), so tiles load in float4.
 template <typename T, typename A, int BM, int BN, int BK, int TM, int TN>
 __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
     const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
     const T* __restrict__ x, const A* __restrict__ packed, T* __restrict__ out, int32_t x_channels,
-    int32_t y_channels, bool vector_x, bool vector_w) {
+    int32_t y_channels, bool vector_x, bool vector_w, bool scatter) {
     constexpr int kColumns = BN / TN;
     constexpr int kThreadCount = (BM / TM) * kColumns;
     constexpr int kRowStride = BM / (TM > 4 ? TM / 4 : 1);  // between a thread's runs of 4 rows (TM = 8)
@@ -258,16 +260,19 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
             any |= s >= 0;
         }
         if (!__syncthreads_or(any)) continue;  // also publishes source[]
+        int64_t targets[TM];  // scatter: this thread's output rows at tap t (read before source[] changes)
+#pragma unroll
+        for (int i = 0; i < TM; ++i) targets[i] = scatter ? source[row + tile_offset<TM, kRowStride>(i)] : -1;
         const A* w = packed + int64_t{t} * x_channels * y_channels;
         for (int k0 = 0; k0 < x_channels; k0 += BK) {
             if (kVector && vector_x) {
                 for (int idx = tid; idx < BM * (BK / 4); idx += kThreadCount) {
                     const int m = idx / (BK / 4);
                     const int kk = (idx % (BK / 4)) * 4;
-                    const int32_t s = source[m];
+                    const int64_t s = source[m] < 0 ? -1 : scatter ? row_of[m] : source[m];
                     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                     if (s >= 0 && k0 + kk < x_channels)
-                        v = *reinterpret_cast<const float4*>(x + int64_t{s} * x_channels + k0 + kk);
+                        v = *reinterpret_cast<const float4*>(x + s * x_channels + k0 + kk);
                     a_tile[kk][m] = v.x;
                     a_tile[kk + 1][m] = v.y;
                     a_tile[kk + 2][m] = v.z;
@@ -278,8 +283,8 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
                     const int m = idx / BK;
                     const int kk = idx % BK;
                     const int k = k0 + kk;
-                    const int32_t s = source[m];
-                    a_tile[kk][m] = (s >= 0 && k < x_channels) ? to_acc<A>(x[int64_t{s} * x_channels + k]) : A(0);
+                    const int64_t s = source[m] < 0 ? -1 : scatter ? row_of[m] : source[m];
+                    a_tile[kk][m] = (s >= 0 && k < x_channels) ? to_acc<A>(x[s * x_channels + k]) : A(0);
                 }
             }
             if (kVector && vector_w) {
@@ -305,7 +310,19 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
             multiply_tiles<A, BK, BM + 4, BN, TM, TN, kRowStride, kColumnStride>(a_tile, b_tile, row, column, acc);
             __syncthreads();
         }
+        if (scatter) {
+#pragma unroll
+            for (int i = 0; i < TM; ++i) {
+#pragma unroll
+                for (int j = 0; j < TN; ++j) {
+                    const int n = n0 + column + tile_offset<TN, kColumnStride>(j);
+                    if (targets[i] >= 0 && n < y_channels) out[targets[i] * y_channels + n] = from_acc<T>(acc[i][j]);
+                    acc[i][j] = A(0);
+                }
+            }
+        }
     }
+    if (scatter) return;
 
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
@@ -322,14 +339,14 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
 /// Tensor-core variant of map_conv_kernel for float16 / bfloat16, and for float in TF32 (float32
 /// accumulation throughout): 4 warps, a 64 x 64 output tile, each warp a 32 x 32 quarter of 16 x 16 x K
 /// fragments. Same row order, tap skipping and summation order per element (tap, then channel blocks
-/// of 32) on every run.
+/// of 32) on every run, and the same `scatter` mode.
 template <typename T>
 __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __restrict__ map,
                                                              const int32_t* __restrict__ order, int64_t rows,
                                                              int32_t volume, const T* __restrict__ x,
                                                              const T* __restrict__ packed, T* __restrict__ out,
                                                              int32_t x_channels, int32_t y_channels,
-                                                             bool vector_x, bool vector_w) {
+                                                             bool vector_x, bool vector_w, bool scatter) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: tensor_cores_available() is false below compute capability 8.0
 #else
@@ -379,19 +396,18 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
                 for (int idx = tid; idx < BM * (BK / kVector); idx += 128) {
                     const int m = idx / (BK / kVector);
                     const int kk = (idx % (BK / kVector)) * kVector;
-                    const int32_t s = source[m];
+                    const int64_t s = source[m] < 0 ? -1 : scatter ? row_of[m] : source[m];
                     uint4 v = make_uint4(0, 0, 0, 0);
                     if (s >= 0 && k0 + kk < x_channels)
-                        v = *reinterpret_cast<const uint4*>(x + int64_t{s} * x_channels + k0 + kk);
+                        v = *reinterpret_cast<const uint4*>(x + s * x_channels + k0 + kk);
                     *reinterpret_cast<uint4*>(a_tile + m * kLda + kk) = v;
                 }
             } else {
                 for (int idx = tid; idx < BM * BK; idx += 128) {
                     const int m = idx / BK;
                     const int kk = idx % BK;
-                    const int32_t s = source[m];
-                    a_tile[m * kLda + kk] =
-                        (s >= 0 && k0 + kk < x_channels) ? x[int64_t{s} * x_channels + k0 + kk] : zero;
+                    const int64_t s = source[m] < 0 ? -1 : scatter ? row_of[m] : source[m];
+                    a_tile[m * kLda + kk] = (s >= 0 && k0 + kk < x_channels) ? x[s * x_channels + k0 + kk] : zero;
                 }
             }
             if (vector_w) {
@@ -418,7 +434,21 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
                                                   b_tile + kk * kLdb + warp_n, kLdb);
             __syncthreads();
         }
+        if (scatter) {  // this tap's products go to their (single-edge) output rows
+            warp_store<T>(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
+            warp_fill<T>(acc);
+            __syncthreads();
+            for (int idx = tid; idx < BM * BN; idx += 128) {
+                const int m = idx / BN;
+                const int n = idx % BN;
+                const int64_t target = source[m];
+                if (target >= 0 && n0 + n < y_channels)
+                    out[target * y_channels + n0 + n] = from_acc<T>(c_tile[m * kLdc + n]);
+            }
+            __syncthreads();  // c_tile and source[] are rewritten for the next tap
+        }
     }
+    if (scatter) return;
     warp_store<T>(acc, c_tile + warp_m * kLdc + warp_n, kLdc);
     __syncthreads();
     for (int idx = tid; idx < BM * BN; idx += 128) {
@@ -632,38 +662,45 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
 #endif
 }
 
-/// grad_weight[(co * in_channels + ci) * volume + t] = sum over chunks, in order, of partial[chunk][t][ci][co].
+/// grad_weight[(co * in_channels + ci) * volume + t] = sum over chunks, in order, of partial[chunk][t][ci][co],
+/// or of partial[chunk][t][co][ci] when `swapped`.
 template <typename T, typename A>
 __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t chunks, int32_t volume,
-                                          int64_t in_channels, int64_t out_channels, T* __restrict__ grad_weight) {
+                                          int64_t in_channels, int64_t out_channels, bool swapped,
+                                          T* __restrict__ grad_weight) {
     const int64_t total = int64_t{volume} * in_channels * out_channels;
     SG_GRID_STRIDE_LOOP(n, total) {
         const int64_t t = n % volume;
         const int64_t rest = n / volume;
         const int64_t ci = rest % in_channels;
         const int64_t co = rest / in_channels;
+        const int64_t entry = swapped ? co * in_channels + ci : ci * out_channels + co;
+        const int64_t slot = int64_t{volume} * in_channels * out_channels;
         A sum = A(0);
-        for (int64_t c = 0; c < chunks; ++c) sum += partial[((c * volume + t) * in_channels + ci) * out_channels + co];
+        for (int64_t c = 0; c < chunks; ++c) sum += partial[c * slot + t * in_channels * out_channels + entry];
         grad_weight[n] = from_acc<T>(sum);
     }
 }
 
 template <typename T, typename A, int BM, int BN, int TM, int TN>
 void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
-                     const A* packed, T* out, int32_t x_channels, int32_t y_channels, cudaStream_t stream) {
+                     const A* packed, T* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                     cudaStream_t stream) {
     constexpr int BK = sizeof(A) == 8 ? 8 : 16;
     constexpr int kThreadCount = (BM / TM) * (BN / TN);
     const bool vector_x = x_channels % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     const bool vector_w = y_channels % 4 == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0;
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     map_conv_kernel<T, A, BM, BN, BK, TM, TN><<<grid, kThreadCount, 0, stream>>>(
-        map, order, rows, volume, x, packed, out, x_channels, y_channels, vector_x, vector_w);
+        map, order, rows, volume, x, packed, out, x_channels, y_channels, vector_x, vector_w, scatter);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-/// Whether float convolutions over more than 32 output channels use 8 x 8 outputs per thread
-/// (128 x 64 or 64 x 128 tiles): yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps the 64 x 64
-/// tiles of 4 x 4 per thread (for measurements; results are bitwise equal, the sums keep their order).
+/// Whether float convolutions over more than 64 output channels use 64 x 128 tiles of 8 x 8 outputs per
+/// thread: yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps the 64 x 64 tiles of 4 x 4 per thread
+/// (for measurements; results are bitwise equal, the sums keep their order). On an H200 the 8 x 8 tiles
+/// took k3s1 at C = 128 from 2.73 to 2.47 ms, and were slower at C = 64 (0.85 against 0.76 ms with
+/// 128 x 64 tiles), so 33 to 64 output channels keep 64 x 64.
 bool wide_register_tiles() {
     static const bool wide = [] {
         const char* value = std::getenv("SPARSEGRID_CONV_TILES");
@@ -684,11 +721,16 @@ void check_sizes(const char* op, int64_t rows, int32_t volume, int64_t x_channel
 template <typename T>
 void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
                            const T* weight, bool transpose_weight, T* out, int64_t x_channels, int64_t y_channels,
-                           const Context& ctx) {
+                           bool scatter, int64_t out_rows, const Context& ctx) {
     using A = typename AccumulatorOf<T>::type;
     check_sizes("ConvolutionPlan (CUDA)", rows, volume, x_channels, y_channels);
-    if (rows == 0 || y_channels == 0) return;
+    if (y_channels == 0) return;
     const cudaStream_t stream = stream_of(ctx);
+    if (scatter && out_rows > 0) {
+        // Output rows without an edge are zero; the others are written once by the kernel.
+        SPARSEGRID_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(out_rows * y_channels) * sizeof(T), stream));
+    }
+    if (rows == 0) return;
     const int64_t in_channels = transpose_weight ? y_channels : x_channels;
     const int64_t out_channels = transpose_weight ? x_channels : y_channels;
     if constexpr (kHasTensorKernel<T>) {
@@ -705,7 +747,8 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
             const dim3 grid(static_cast<unsigned>((rows + 63) / 64), static_cast<unsigned>((y_channels + 63) / 64));
             map_conv_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(), out,
                                                                 static_cast<int32_t>(x_channels),
-                                                                static_cast<int32_t>(y_channels), vector_x, vector_w);
+                                                                static_cast<int32_t>(y_channels), vector_x, vector_w,
+                                                                scatter);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
             return;
         }
@@ -717,15 +760,14 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);
     const A* w = packed.data();
-    if (yc <= 16) return launch_map_conv<T, A, 256, 16, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, stream);
-    if (yc <= 32) return launch_map_conv<T, A, 128, 32, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, stream);
+    if (yc <= 16) return launch_map_conv<T, A, 256, 16, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+    if (yc <= 32) return launch_map_conv<T, A, 128, 32, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
     if constexpr (std::is_same_v<A, float>) {
         if (wide_register_tiles()) {
-            if (yc <= 64) return launch_map_conv<T, A, 128, 64, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, stream);
-            return launch_map_conv<T, A, 64, 128, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, stream);
+            if (yc > 64) return launch_map_conv<T, A, 64, 128, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
         }
     }
-    launch_map_conv<T, A, 64, 64, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, stream);
+    launch_map_conv<T, A, 64, 64, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
 }
 
 /// Chunks of rows for the weight gradient: enough blocks to fill a large GPU, at least 1024 rows per
@@ -742,17 +784,24 @@ int64_t weight_grad_chunks(int64_t rows, int32_t volume, int64_t tiles, int64_t 
 }
 
 template <typename T>
-void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume, const T* x, const T* grad,
-                               T* grad_weight, int64_t in_channels, int64_t out_channels, const Context& ctx) {
+void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume, bool rows_are_source, const T* x,
+                               const T* grad, T* grad_weight, int64_t in_channels, int64_t out_channels,
+                               const Context& ctx) {
     using A = typename AccumulatorOf<T>::type;
     check_sizes("ConvolutionPlan::backward_weight (CUDA)", rows, volume, in_channels, out_channels);
     const cudaStream_t stream = stream_of(ctx);
     const bool tensor_cores = use_tensor_cores<T>(ctx);
+    // The kernels sum gathered[map[r][t], a] * row[r, b] into partial[chunk][t][a][b]: (a, b) = (ci, co)
+    // over a map with rows = target voxels, (co, ci) over one with rows = source voxels.
+    const T* gathered = rows_are_source ? grad : x;
+    const T* per_row = rows_are_source ? x : grad;
+    const int64_t gathered_channels = rows_are_source ? out_channels : in_channels;
+    const int64_t row_channels = rows_are_source ? in_channels : out_channels;
     // 64 x 64 tiles on tensor cores, or (4 x 4 outputs per thread) once both channel counts exceed 32;
     // else 32 x 32.
     const int tile = tensor_cores || (in_channels > 32 && out_channels > 32) ? 64 : 32;
-    const int64_t tiles_m = (in_channels + tile - 1) / tile;
-    const int64_t tiles_n = (out_channels + tile - 1) / tile;
+    const int64_t tiles_m = (gathered_channels + tile - 1) / tile;
+    const int64_t tiles_n = (row_channels + tile - 1) / tile;
     if (tiles_m * tiles_n > INT32_MAX)
         throw_error("ConvolutionPlan::backward_weight (CUDA): ", in_channels, " x ", out_channels,
                     " channels exceed the CUDA grid limit");
@@ -766,33 +815,33 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
         partial = Buffer<A>::allocate(chunks * volume * in_channels * out_channels, ctx);
         const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(chunks),
                         static_cast<unsigned>(volume));
-        const auto cin = static_cast<int32_t>(in_channels), cout = static_cast<int32_t>(out_channels);
+        const auto ca = static_cast<int32_t>(gathered_channels), cb = static_cast<int32_t>(row_channels);
         const auto columns = static_cast<int32_t>(tiles_n);
         bool launched = false;
         if constexpr (kHasTensorKernel<T>) {
             if (tensor_cores) {
-                // 16-byte loads where rows of x and grad start 16-byte aligned.
+                // 16-byte loads where rows of both operands start 16-byte aligned.
                 constexpr int kVector = 16 / static_cast<int>(sizeof(T));
-                const bool vector_x = in_channels % kVector == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-                const bool vector_g = out_channels % kVector == 0 && reinterpret_cast<uintptr_t>(grad) % 16 == 0;
-                weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, rows, volume, x, grad, partial.data(),
-                                                                       cin, cout, rows_per_chunk, columns, vector_x,
-                                                                       vector_g);
+                const bool vector_a = ca % kVector == 0 && reinterpret_cast<uintptr_t>(gathered) % 16 == 0;
+                const bool vector_b = cb % kVector == 0 && reinterpret_cast<uintptr_t>(per_row) % 16 == 0;
+                weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, rows, volume, gathered, per_row,
+                                                                       partial.data(), ca, cb, rows_per_chunk,
+                                                                       columns, vector_a, vector_b);
                 launched = true;
             }
         }
         constexpr int BK = sizeof(A) == 8 ? 8 : 16;
         if (!launched && tile == 64)
             weight_grad_kernel<T, A, 64, BK><<<grid, kConvThreads, 0, stream>>>(
-                map, rows, volume, x, grad, partial.data(), cin, cout, rows_per_chunk, columns);
+                map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);
         else if (!launched)
             weight_grad_kernel<T, A, 32, BK><<<grid, kConvThreads, 0, stream>>>(
-                map, rows, volume, x, grad, partial.data(), cin, cout, rows_per_chunk, columns);
+                map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     const int64_t total = int64_t{volume} * in_channels * out_channels;
     reduce_weight_grad_kernel<T, A><<<blocks_for(total), kThreads, 0, stream>>>(
-        partial.data(), chunks, volume, in_channels, out_channels, grad_weight);
+        partial.data(), chunks, volume, in_channels, out_channels, rows_are_source, grad_weight);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -845,6 +894,14 @@ int64_t row_order_min_rows() {
 
 }  // namespace
 
+bool scatter_enabled() {
+    static const bool enabled = [] {
+        const char* value = std::getenv("SPARSEGRID_CONV_SCATTER");
+        return !(value && std::string(value) == "0");
+    }();
+    return enabled;
+}
+
 Buffer<int32_t> row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
     if (map == nullptr || rows < row_order_min_rows() || volume <= 1 || volume > 64 || rows > INT32_MAX) return {};
     DeviceGuard guard(ctx);
@@ -854,47 +911,49 @@ Buffer<int32_t> row_order(const int32_t* map, int64_t rows, int32_t volume, cons
 
 void map_convolution(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                      const void* weight, bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
-                     DType dtype, const Context& ctx) {
+                     DType dtype, bool scatter, int64_t out_rows, const Context& ctx) {
     DeviceGuard guard(ctx);
+    if (scatter && map == nullptr) throw_error("map_convolution (CUDA): scatter needs a map");
     switch (dtype) {
     case DType::Float32:
         return map_convolution_typed(map, order, rows, volume, static_cast<const float*>(x),
-                                     static_cast<const float*>(weight),
-                                     transpose_weight, static_cast<float*>(out), x_channels, out_channels, ctx);
+                                     static_cast<const float*>(weight), transpose_weight, static_cast<float*>(out),
+                                     x_channels, out_channels, scatter, out_rows, ctx);
     case DType::Float64:
         return map_convolution_typed(map, order, rows, volume, static_cast<const double*>(x),
                                      static_cast<const double*>(weight), transpose_weight, static_cast<double*>(out),
-                                     x_channels, out_channels, ctx);
+                                     x_channels, out_channels, scatter, out_rows, ctx);
     case DType::Float16:
         return map_convolution_typed(map, order, rows, volume, static_cast<const __half*>(x),
                                      static_cast<const __half*>(weight), transpose_weight, static_cast<__half*>(out),
-                                     x_channels, out_channels, ctx);
+                                     x_channels, out_channels, scatter, out_rows, ctx);
     case DType::BFloat16:
         return map_convolution_typed(map, order, rows, volume, static_cast<const __nv_bfloat16*>(x),
                                      static_cast<const __nv_bfloat16*>(weight), transpose_weight,
-                                     static_cast<__nv_bfloat16*>(out), x_channels, out_channels, ctx);
+                                     static_cast<__nv_bfloat16*>(out), x_channels, out_channels, scatter, out_rows,
+                                     ctx);
     }
 }
 
-void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* grad,
-                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype,
+void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, bool rows_are_source, const void* x,
+                         const void* grad, void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype,
                          const Context& ctx) {
     DeviceGuard guard(ctx);
     switch (dtype) {
     case DType::Float32:
-        return map_weight_gradient_typed(map, rows, volume, static_cast<const float*>(x),
+        return map_weight_gradient_typed(map, rows, volume, rows_are_source, static_cast<const float*>(x),
                                          static_cast<const float*>(grad), static_cast<float*>(grad_weight),
                                          in_channels, out_channels, ctx);
     case DType::Float64:
-        return map_weight_gradient_typed(map, rows, volume, static_cast<const double*>(x),
+        return map_weight_gradient_typed(map, rows, volume, rows_are_source, static_cast<const double*>(x),
                                          static_cast<const double*>(grad), static_cast<double*>(grad_weight),
                                          in_channels, out_channels, ctx);
     case DType::Float16:
-        return map_weight_gradient_typed(map, rows, volume, static_cast<const __half*>(x),
+        return map_weight_gradient_typed(map, rows, volume, rows_are_source, static_cast<const __half*>(x),
                                          static_cast<const __half*>(grad), static_cast<__half*>(grad_weight),
                                          in_channels, out_channels, ctx);
     case DType::BFloat16:
-        return map_weight_gradient_typed(map, rows, volume, static_cast<const __nv_bfloat16*>(x),
+        return map_weight_gradient_typed(map, rows, volume, rows_are_source, static_cast<const __nv_bfloat16*>(x),
                                          static_cast<const __nv_bfloat16*>(grad),
                                          static_cast<__nv_bfloat16*>(grad_weight), in_channels, out_channels, ctx);
     }

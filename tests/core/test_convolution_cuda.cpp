@@ -104,6 +104,13 @@ std::vector<PlanCase> plan_cases() {
     cases.push_back({"given target", [](const GridBatch& a, const GridBatch& b) {
                          return ConvolutionPlan::make(a, b, {3, 2, 1}, {2, 1, 1});
                      }});
+    // K = S with given targets: fine rows without a coarse neighbour (zero rows of the scatter mode).
+    cases.push_back({"given target, K = S", [](const GridBatch& a, const GridBatch& b) {
+                         return ConvolutionPlan::make(a, b, {2, 2, 2}, {2, 2, 2});
+                     }});
+    cases.push_back({"transposed, given target, K = S", [](const GridBatch& a, const GridBatch& b) {
+                         return ConvolutionPlan::make_transposed(a, b, {2, 3, 2}, {2, 3, 2});
+                     }});
     cases.push_back({"transposed() of a strided plan", [](const GridBatch& a, const GridBatch&) {
                          return ConvolutionPlan::make(a, {3, 3, 3}, {2, 2, 2}).transposed();
                      }});
@@ -236,7 +243,7 @@ TEST_F(ConvolutionCuda, SyntheticSurfacesManyBlocksAndChunks) {
                         }};
     compare_backends(k3s1, members, members, 32, 32, rng);
     compare_backends(k2s2, members, members, 16, 64, rng);
-    // The 8 x 8 register tiles (over 32 output channels) on ordered maps, both ways.
+    // The 8 x 8 register tiles (over 64 output channels) on ordered maps, and 64 x 64 tiles the other way.
     compare_backends(k3s1, members, members, 48, 72, rng);
 }
 

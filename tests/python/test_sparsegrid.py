@@ -257,4 +257,5 @@ def test_cpu_work_never_synchronises():
     plan = sg.ConvolutionPlan.from_grid_transposed(grid, 2, 2)
     x = torch.randn(grid.num_voxels, 3, requires_grad=True)
     plan.execute(x, torch.randn(2, 3, 2, 2, 2)).sum().backward()
-    assert sg.host_synchronizations() == before == 0
+    # The counter is process-wide: CUDA tests run earlier in the same process may have raised it.
+    assert sg.host_synchronizations() == before
