@@ -913,7 +913,8 @@ void map_convolution(const int32_t* map, const int32_t* order, int64_t rows, int
                      const void* weight, bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
                      DType dtype, bool scatter, int64_t out_rows, const Context& ctx) {
     DeviceGuard guard(ctx);
-    if (scatter && map == nullptr) throw_error("map_convolution (CUDA): scatter needs a map");
+    // An empty map has no storage: a scatter over no rows only zeroes the output.
+    if (scatter && map == nullptr && rows > 0) throw_error("map_convolution (CUDA): scatter needs a map");
     switch (dtype) {
     case DType::Float32:
         return map_convolution_typed(map, order, rows, volume, static_cast<const float*>(x),

@@ -229,6 +229,21 @@ TEST_F(ConvolutionCuda, EmptyGridsAndMembers) {
                            }};
     compare_backends(forward, {{}, {}, {}}, {{}, {}, {}}, 4, 6, rng);
     compare_backends(forward, {{}, {{1, 2, 3}, {-4, 5, 6}}, {}}, {{}, {}, {}}, 4, 6, rng);
+    // K = S both ways (the scatter mode), from empty grids and to a given target from an empty source.
+    const PlanCase down{"k2s2", [](const GridBatch& a, const GridBatch&) {
+                            return ConvolutionPlan::make(a, {2, 2, 2}, {2, 2, 2});
+                        }};
+    const PlanCase up{"k2s2 generative", [](const GridBatch& a, const GridBatch&) {
+                          return ConvolutionPlan::make_transposed(a, {2, 2, 2}, {2, 2, 2});
+                      }};
+    const PlanCase up_to_target{"k2s2 to a given target", [](const GridBatch& a, const GridBatch& b) {
+                                    return ConvolutionPlan::make_transposed(a, b, {2, 2, 2}, {2, 2, 2});
+                                }};
+    for (const PlanCase* plan_case : {&down, &up}) {
+        compare_backends(*plan_case, {{}, {}, {}}, {{}, {}, {}}, 4, 6, rng);
+        compare_backends(*plan_case, {{}, {{1, 2, 3}, {-4, 5, 6}}, {}}, {{}, {}, {}}, 4, 6, rng);
+    }
+    compare_backends(up_to_target, {{}, {}}, {{{0, 0, 0}, {3, 1, 2}}, {{-1, -1, -1}}}, 4, 6, rng);
 }
 
 TEST_F(ConvolutionCuda, SyntheticSurfacesManyBlocksAndChunks) {
