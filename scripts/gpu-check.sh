@@ -126,11 +126,15 @@ if want conv; then
     step "conv $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --input '$root/data/reference_batch_r64.txt' \
       --members 16 --dtype $dtype --repeats 20 --warmup 5 | tee '$out/conv_$dtype.md'"
   done
-  # For comparison: fine rows of K = S plans gathered like any other row instead of scattered to.
+  # For comparison: fine rows of K = S plans gathered like any other row instead of scattered to, and
+  # the narrow tile shapes (4 x 4 per thread, short k steps).
   for dtype in float32 float16; do
     step "conv $dtype, no scatter" bash -c "SPARSEGRID_CONV_SCATTER=0 '$build/tools/sparsegrid' conv --device cuda \
       --input '$root/data/reference_batch_r64.txt' --members 16 --dtype $dtype --repeats 20 --warmup 5 \
       | tee '$out/conv_${dtype}_gather.md'"
+    step "conv $dtype, narrow tiles" bash -c "SPARSEGRID_CONV_TILES=4x4 '$build/tools/sparsegrid' conv --device cuda \
+      --input '$root/data/reference_batch_r64.txt' --members 16 --dtype $dtype --repeats 20 --warmup 5 \
+      | tee '$out/conv_${dtype}_narrow.md'"
   done
   # Through the PyTorch layer: convolutions against per-tap torch ops, dense conv3d and an equal-FLOP
   # GEMM, and the per-layer host overhead.

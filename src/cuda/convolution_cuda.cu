@@ -339,8 +339,8 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
 /// Tensor-core variant of map_conv_kernel for float16 / bfloat16, and for float in TF32 (float32
 /// accumulation throughout): 4 warps, a 64 x 64 output tile, each warp a 32 x 32 quarter of 16 x 16 x K
 /// fragments. Same row order, tap skipping and summation order per element (tap, then channel blocks
-/// of 32) on every run, and the same `scatter` mode.
-template <typename T>
+/// of BK) on every run, and the same `scatter` mode.
+template <typename T, int BK>
 __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __restrict__ map,
                                                              const int32_t* __restrict__ order, int64_t rows,
                                                              int32_t volume, const T* __restrict__ x,
@@ -351,7 +351,8 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
     __trap();  // never launched there: tensor_cores_available() is false below compute capability 8.0
 #else
     using namespace nvcuda;
-    constexpr int BM = 64, BN = 64, BK = 32;
+    constexpr int BM = 64, BN = 64;
+    static_assert(BK % 32 == 0, "whole k fragments of every type");
     constexpr int kVector = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
     constexpr int kLda = BK + 8, kLdb = BN + 8, kLdc = BN + 4;
     __shared__ __align__(32) T a_tile[BM * kLda];
@@ -682,11 +683,10 @@ __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t
     }
 }
 
-template <typename T, typename A, int BM, int BN, int TM, int TN>
+template <typename T, typename A, int BM, int BN, int BK, int TM, int TN>
 void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
                      const A* packed, T* out, int32_t x_channels, int32_t y_channels, bool scatter,
                      cudaStream_t stream) {
-    constexpr int BK = sizeof(A) == 8 ? 8 : 16;
     constexpr int kThreadCount = (BM / TM) * (BN / TN);
     const bool vector_x = x_channels % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     const bool vector_w = y_channels % 4 == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0;
@@ -696,11 +696,13 @@ void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-/// Whether float convolutions over more than 64 output channels use 64 x 128 tiles of 8 x 8 outputs per
-/// thread: yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps the 64 x 64 tiles of 4 x 4 per thread
-/// (for measurements; results are bitwise equal, the sums keep their order). On an H200 the 8 x 8 tiles
-/// took k3s1 at C = 128 from 2.73 to 2.47 ms, and were slower at C = 64 (0.85 against 0.76 ms with
-/// 128 x 64 tiles), so 33 to 64 output channels keep 64 x 64.
+/// Whether convolutions take the wide tile shapes: float over more than 64 output channels in 64 x 128
+/// tiles of 8 x 8 outputs per thread, float k steps of 32 channels or edges (16 otherwise) where there
+/// are 32 or more, float16 / bfloat16 k steps of 64 on tensor cores where there are 64 or more (32
+/// otherwise). Yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps 64 x 64 tiles of 4 x 4 per thread
+/// and the short k steps (for measurements; results are bitwise equal, the sums keep their order). On an
+/// H200 the 8 x 8 tiles took k3s1 at C = 128 from 2.73 to 2.47 ms, and were slower at C = 64 (0.85
+/// against 0.76 ms with 128 x 64 tiles), so 33 to 64 output channels keep 64 x 64.
 bool wide_register_tiles() {
     static const bool wide = [] {
         const char* value = std::getenv("SPARSEGRID_CONV_TILES");
@@ -745,10 +747,21 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
             const bool vector_x = x_channels % kVector == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
             const bool vector_w = y_channels % kVector == 0 && reinterpret_cast<uintptr_t>(packed.data()) % 16 == 0;
             const dim3 grid(static_cast<unsigned>((rows + 63) / 64), static_cast<unsigned>((y_channels + 63) / 64));
-            map_conv_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(), out,
-                                                                static_cast<int32_t>(x_channels),
-                                                                static_cast<int32_t>(y_channels), vector_x, vector_w,
-                                                                scatter);
+            const auto xc = static_cast<int32_t>(x_channels), yc = static_cast<int32_t>(y_channels);
+            // k steps of 64 in 16 bits where there are 64 channels or more (TF32 tiles of 64 would
+            // exceed the static shared memory).
+            bool launched = false;
+            if constexpr (sizeof(T) == 2) {
+                if (x_channels >= 64 && wide_register_tiles()) {
+                    map_conv_tensor_kernel<T, 64><<<grid, 128, 0, stream>>>(map, order, rows, volume, x,
+                                                                            packed.data(), out, xc, yc, vector_x,
+                                                                            vector_w, scatter);
+                    launched = true;
+                }
+            }
+            if (!launched)
+                map_conv_tensor_kernel<T, 32><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(),
+                                                                        out, xc, yc, vector_x, vector_w, scatter);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
             return;
         }
@@ -760,14 +773,21 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);
     const A* w = packed.data();
-    if (yc <= 16) return launch_map_conv<T, A, 256, 16, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
-    if (yc <= 32) return launch_map_conv<T, A, 128, 32, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
-    if constexpr (std::is_same_v<A, float>) {
-        if (wide_register_tiles()) {
-            if (yc > 64) return launch_map_conv<T, A, 64, 128, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+    const bool wide = wide_register_tiles();
+    auto launch = [&](auto depth) {
+        constexpr int BK = decltype(depth)::value;
+        if (yc <= 16) return launch_map_conv<T, A, 256, 16, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+        if (yc <= 32) return launch_map_conv<T, A, 128, 32, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+        if constexpr (std::is_same_v<A, float>) {
+            if (wide && yc > 64)
+                return launch_map_conv<T, A, 64, 128, BK, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
         }
+        launch_map_conv<T, A, 64, 64, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+    };
+    if constexpr (std::is_same_v<T, float>) {
+        if (wide && xc >= 32) return launch(std::integral_constant<int, 32>{});
     }
-    launch_map_conv<T, A, 64, 64, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+    launch(std::integral_constant<int, sizeof(A) == 8 ? 8 : 16>{});
 }
 
 /// Chunks of rows for the weight gradient: enough blocks to fill a large GPU, at least 1024 rows per
@@ -831,8 +851,17 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
             }
         }
         constexpr int BK = sizeof(A) == 8 ? 8 : 16;
-        if (!launched && tile == 64)
+        // Float: edges in steps of 32 (wide tile shapes), else 16 (8 in double).
+        constexpr int kDeep = std::is_same_v<T, float> ? 32 : BK;
+        const bool deep = std::is_same_v<T, float> && wide_register_tiles();
+        if (!launched && tile == 64 && deep)
+            weight_grad_kernel<T, A, 64, kDeep><<<grid, kConvThreads, 0, stream>>>(
+                map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);
+        else if (!launched && tile == 64)
             weight_grad_kernel<T, A, 64, BK><<<grid, kConvThreads, 0, stream>>>(
+                map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);
+        else if (!launched && deep)
+            weight_grad_kernel<T, A, 32, kDeep><<<grid, kConvThreads, 0, stream>>>(
                 map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);
         else if (!launched)
             weight_grad_kernel<T, A, 32, BK><<<grid, kConvThreads, 0, stream>>>(
