@@ -16,7 +16,8 @@ StepProfiler (topology and plan construction, convolutions forward and backward,
 at the end the intersection-over-union of reconstructions with their inputs; with --output it writes
 loss.png and reconstructions.png. With --world-size N it trains N processes with torch.distributed and
 DistributedDataParallel (NCCL with one GPU per process on CUDA, gloo on the CPU): each rank samples its
-own batches and builds its own topology; gradients are averaged by DDP.
+own batches and builds its own topology; gradients are averaged by DDP. The last lines give the
+throughput (shapes per second over all processes, after the first fifth of the iterations).
 Usage: PYTHONPATH=python python3 examples/vae.py [--device auto] [--resolution 32] [--batch 8]
        [--iterations 300] [--output DIR]
 """
@@ -402,6 +403,9 @@ def parse_args(argv=None):
                         help="processes (torch.distributed: NCCL, one GPU each, on CUDA; gloo on the CPU)")
     args = parser.parse_args(argv)
     check_resolution(args.resolution)
+    if args.iterations < 1 or args.batch < 1 or args.shapes < 1:
+        raise SystemExit(f"--iterations, --batch and --shapes must be >= 1, got {args.iterations}, {args.batch}, "
+                         f"{args.shapes}")
     if not 0 <= args.teacher_forcing <= 1:
         raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     args.device = resolve_device(args.device)
@@ -460,6 +464,11 @@ def vae_step(encoder, decoder, optimizer, target, kl_weight, profiler, keep_targ
     return loss.detach(), sum(logits.numel() for logits, _ in outputs)
 
 
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train(rank, world_size, args):
     distributed = world_size > 1
     device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
@@ -488,13 +497,25 @@ def train(rank, world_size, args):
         f"{sum(p.numel() for p in params)} parameters, {torch.get_num_threads()} torch threads; the target's voxels "
         f"kept for the first {teacher_iterations} iterations", flush=True)
     progress = Progress(args.iterations, args.print_every, profiler, log)
+    # Throughput over all but the first fifth of the iterations (allocator growth, the decoder's early
+    # voxel counts); the ranks step together, so rank 0's clock times them all.
+    timed_from = args.iterations // 5
+    start = None
     for iteration in range(args.iterations):
+        if iteration == timed_from:
+            synchronize(device)
+            start = time.perf_counter()
         pick = torch.randint(0, len(shapes), (args.batch,), generator=sampler).tolist()
         target = sg.GridBatch.from_ijk([shapes[i] for i in pick])
         progress.step(*vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler,
                                 keep_targets=iteration < teacher_iterations))
         schedule.step()
+    synchronize(device)
+    seconds = time.perf_counter() - start
     profiler.uninstall()
+    timed = args.iterations - timed_from
+    log(f"throughput: {args.batch * world_size * timed / seconds:.1f} shapes/s (batch {args.batch} x {world_size} "
+        f"processes, {1e3 * seconds / timed:.1f} ms per iteration over iterations {timed_from + 1}..{args.iterations})")
 
     if distributed:
         # DDP keeps the replicas identical: every rank's parameters must match rank 0's.

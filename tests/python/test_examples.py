@@ -47,6 +47,7 @@ def test_vae_data_parallel_keeps_replicas_identical():
                       "--world-size", "2")
     assert "gloo" in out
     assert "parameters identical on all 2 ranks: yes" in out
+    assert "shapes/s (batch 2 x 2 processes" in out
 
 
 @pytest.mark.skipif(not CUDA or torch.cuda.device_count() < 2, reason="needs 2 GPUs and the CUDA backend")
