@@ -355,9 +355,15 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
     static_assert(BK % 32 == 0, "whole k fragments of every type");
     constexpr int kVector = 16 / static_cast<int>(sizeof(T));  // elements per 16-byte load
     constexpr int kLda = BK + 8, kLdb = BN + 8, kLdc = BN + 4;
-    __shared__ __align__(32) T a_tile[BM * kLda];
-    __shared__ __align__(32) T b_tile[BK * kLdb];
-    __shared__ __align__(32) float c_tile[BM * kLdc];
+    // The operand tiles, and over them the accumulators' tile once the operands are consumed (after the
+    // barrier that ends each k step), so that k steps of 64 fit in every type.
+    constexpr int kOperandBytes = (BM * kLda + BK * kLdb) * static_cast<int>(sizeof(T));
+    constexpr int kResultBytes = BM * kLdc * static_cast<int>(sizeof(float));
+    static_assert((BM * kLda * sizeof(T)) % 32 == 0, "b_tile must start 32-byte aligned");
+    __shared__ __align__(32) unsigned char tiles[kOperandBytes > kResultBytes ? kOperandBytes : kResultBytes];
+    T* a_tile = reinterpret_cast<T*>(tiles);
+    T* b_tile = a_tile + BM * kLda;
+    float* c_tile = reinterpret_cast<float*>(tiles);
     __shared__ int32_t source[BM];
     __shared__ int64_t row_of[BM];
     __shared__ unsigned long long tap_mask;
@@ -697,9 +703,9 @@ void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int
 }
 
 /// Whether convolutions take the wide tile shapes: float over more than 64 output channels in 64 x 128
-/// tiles of 8 x 8 outputs per thread, float k steps of 32 channels or edges (16 otherwise) where there
-/// are 32 or more, float16 / bfloat16 k steps of 64 on tensor cores where there are 64 or more (32
-/// otherwise). Yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps 64 x 64 tiles of 4 x 4 per thread
+/// tiles of 8 x 8 outputs per thread (k steps of 16), float k steps of 32 channels or edges elsewhere
+/// where there are 32 or more (16 otherwise), tensor-core k steps of 64 channels where there are 64 or
+/// more (32 otherwise). Yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps 64 x 64 tiles of 4 x 4 per thread
 /// and the short k steps (for measurements; results are bitwise equal, the sums keep their order). On an
 /// H200 the 8 x 8 tiles took k3s1 at C = 128 from 2.73 to 2.47 ms, and were slower at C = 64 (0.85
 /// against 0.76 ms with 128 x 64 tiles), so 33 to 64 output channels keep 64 x 64.
@@ -748,18 +754,11 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
             const bool vector_w = y_channels % kVector == 0 && reinterpret_cast<uintptr_t>(packed.data()) % 16 == 0;
             const dim3 grid(static_cast<unsigned>((rows + 63) / 64), static_cast<unsigned>((y_channels + 63) / 64));
             const auto xc = static_cast<int32_t>(x_channels), yc = static_cast<int32_t>(y_channels);
-            // k steps of 64 in 16 bits where there are 64 channels or more (TF32 tiles of 64 would
-            // exceed the static shared memory).
-            bool launched = false;
-            if constexpr (sizeof(T) == 2) {
-                if (x_channels >= 64 && wide_register_tiles()) {
-                    map_conv_tensor_kernel<T, 64><<<grid, 128, 0, stream>>>(map, order, rows, volume, x,
-                                                                            packed.data(), out, xc, yc, vector_x,
-                                                                            vector_w, scatter);
-                    launched = true;
-                }
-            }
-            if (!launched)
+            // k steps of 64 where there are 64 channels or more.
+            if (x_channels >= 64 && wide_register_tiles())
+                map_conv_tensor_kernel<T, 64><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(),
+                                                                        out, xc, yc, vector_x, vector_w, scatter);
+            else
                 map_conv_tensor_kernel<T, 32><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(),
                                                                         out, xc, yc, vector_x, vector_w, scatter);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
@@ -779,8 +778,10 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
         if (yc <= 16) return launch_map_conv<T, A, 256, 16, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
         if (yc <= 32) return launch_map_conv<T, A, 128, 32, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
         if constexpr (std::is_same_v<A, float>) {
+            // k steps of 16 here: with 32 these tiles were slower on an H200 (k2s2 at C = 128 forward 1.79
+            // against 1.46 ms).
             if (wide && yc > 64)
-                return launch_map_conv<T, A, 64, 128, BK, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+                return launch_map_conv<T, A, 64, 128, 16, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
         }
         launch_map_conv<T, A, 64, 64, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
     };
