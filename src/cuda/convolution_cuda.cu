@@ -704,8 +704,8 @@ void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int
 
 /// Whether convolutions take the wide tile shapes: float over more than 64 output channels in 64 x 128
 /// tiles of 8 x 8 outputs per thread (k steps of 16), float k steps of 32 channels or edges elsewhere
-/// where there are 32 or more (16 otherwise), tensor-core k steps of 64 channels where there are 64 or
-/// more (32 otherwise). Yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps 64 x 64 tiles of 4 x 4 per thread
+/// where there are 32 or more (16 otherwise), float16 / bfloat16 tensor-core k steps of 64 channels
+/// where there are 64 or more (32 otherwise, and in TF32). Yes, unless SPARSEGRID_CONV_TILES is "4x4", which keeps 64 x 64 tiles of 4 x 4 per thread
 /// and the short k steps (for measurements; results are bitwise equal, the sums keep their order). On an
 /// H200 the 8 x 8 tiles took k3s1 at C = 128 from 2.73 to 2.47 ms, and were slower at C = 64 (0.85
 /// against 0.76 ms with 128 x 64 tiles), so 33 to 64 output channels keep 64 x 64.
@@ -754,8 +754,9 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
             const bool vector_w = y_channels % kVector == 0 && reinterpret_cast<uintptr_t>(packed.data()) % 16 == 0;
             const dim3 grid(static_cast<unsigned>((rows + 63) / 64), static_cast<unsigned>((y_channels + 63) / 64));
             const auto xc = static_cast<int32_t>(x_channels), yc = static_cast<int32_t>(y_channels);
-            // k steps of 64 where there are 64 channels or more.
-            if (x_channels >= 64 && wide_register_tiles())
+            // k steps of 64 in 16 bits where there are 64 channels or more. TF32 keeps 32: with 64 it was
+            // slower on an H200 (k3s1 at C = 128 forward 2.13 against 1.98 ms through the PyTorch layer).
+            if (sizeof(T) == 2 && x_channels >= 64 && wide_register_tiles())
                 map_conv_tensor_kernel<T, 64><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(),
                                                                         out, xc, yc, vector_x, vector_w, scatter);
             else
