@@ -7,8 +7,13 @@
 // Rows are taken in an order sorted by their set of taps (row_order, computed once per map), so the
 // rows of a block share their taps and few taps are multiplied by zeros: e.g. every fine row of a
 // generative k2s2 map has exactly one tap, and without the order each block would touch all eight.
+// A block finds its taps in one pass over its rows' map entries. Scatter mode, for outputs whose rows
+// have at most one edge (the fine side of a K = S plan): the block owns input rows instead, and writes
+// each tap's product to its one output row. Float16 / bfloat16, and float when TF32 is allowed, run on
+// tensor cores (wmma), the others in register tiles of 4 x 4 or 8 x 8 outputs per thread.
 //
-// Weight gradient: per tap, a GEMM over the rows that have an edge at that tap. Rows are split into a
+// Weight gradient: per tap, a GEMM over the rows that have an edge at that tap, over whichever map has
+// fewer rows (see map_weight_gradient). Rows are split into a
 // shape-determined number of chunks; each block compacts its chunk's edges (block scan, order kept),
 // accumulates a 32 x 32 or 64 x 64 tile of [in_channels, out_channels] into its own slot; a second
 // kernel adds the slots in chunk order. No atomics anywhere, so every result is bitwise reproducible.
