@@ -10,15 +10,14 @@
 #include <sparsegrid/version.h>
 
 #include <algorithm>
-#include <memory>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <vector>
-
 
 namespace sparsegrid_tool {
 
@@ -96,18 +95,18 @@ struct Workload {
     std::shared_ptr<TrackingAllocator> allocator;  // every buffer of the library goes through it
     Context context;
     std::string description;
-    HostBatch input;              // input lists as given (not in voxel order), flattened
-    Buffer<int32_t> input_ijk;    // the same coordinates on the device
-    GridBatch grid;               // from_ijk(input)
-    HostBatch grid_host;          // grid's voxels in voxel order
+    HostBatch input;                   // input lists as given (not in voxel order), flattened
+    Buffer<int32_t> input_ijk;         // the same coordinates on the device
+    GridBatch grid;                    // from_ijk(input)
+    HostBatch grid_host;               // grid's voxels in voxel order
     bool reference_available = false;  // the naive reference can represent this batch
 
-    Buffer<uint8_t> even_mask;    // keeps voxels with even index ("half mask")
-    Buffer<uint8_t> odd_mask;     // keeps the others
-    GridBatch even_half;          // pruned_grid(even_mask)
-    GridBatch odd_half;           // pruned_grid(odd_mask): merged with the even half gives `grid` again
-    GridBatch coarse;             // conv_grid(2, 2): target of the k2s2 forward map
-    KernelMap map_k3s1;           // same-grid k3s1 map: input of pairs_by_tap
+    Buffer<uint8_t> even_mask;  // keeps voxels with even index ("half mask")
+    Buffer<uint8_t> odd_mask;   // keeps the others
+    GridBatch even_half;        // pruned_grid(even_mask)
+    GridBatch odd_half;         // pruned_grid(odd_mask): merged with the even half gives `grid` again
+    GridBatch coarse;           // conv_grid(2, 2): target of the k2s2 forward map
+    KernelMap map_k3s1;         // same-grid k3s1 map: input of pairs_by_tap
 
     Span<const int32_t> input_span() const { return {input_ijk.data(), input_ijk.size()}; }
     Span<const int32_t> grid_ijk_span() const { return {grid.ijk().data(), grid.ijk().size()}; }
@@ -193,7 +192,7 @@ std::string compare_grid(const GridBatch& result, const KeySet& expected, int64_
     if (!is_morton_ordered(host)) return "voxels not in strictly increasing Morton order";
     if (packed_keys(host) != expected)
         return std::to_string(host.num_voxels()) + " voxels, expected " + std::to_string(expected.size()) +
-               (static_cast<std::size_t>(host.num_voxels()) == expected.size() ? " (different voxels)" : "");
+            (static_cast<std::size_t>(host.num_voxels()) == expected.size() ? " (different voxels)" : "");
     return "";
 }
 
@@ -234,7 +233,7 @@ BenchCase map_case(const Workload& w, std::string operation, MapOp op, MapRefere
             if (first.first == actual.end()) return std::string();
             const std::size_t entry = static_cast<std::size_t>(first.first - actual.begin());
             return "entry " + std::to_string(entry) + " is " + std::to_string(*first.first) + ", expected " +
-                   std::to_string(*first.second);
+                std::to_string(*first.second);
         };
         if (timed_baseline) c.baseline = [reference] { return reference().size(); };
     }
@@ -278,13 +277,13 @@ BenchCase pairs_by_tap_case(const Workload& w) {
         const sparsegrid::PairLists pairs = w.map_k3s1.pairs_by_tap();
         const HostPairLists actual{pairs.tap_offsets, pairs.source_index.to_host(w.stream()),
                                    pairs.target_index.to_host(w.stream())};
-        const HostPairLists expected =
-            naive_pairs_by_tap(w.map_k3s1.neighbour_map().to_host(w.stream()), w.map_k3s1.kernel_volume());
+        const HostPairLists expected = naive_pairs_by_tap(w.map_k3s1.neighbour_map().to_host(w.stream()),
+                                                          w.map_k3s1.kernel_volume());
         if (actual == expected) return std::string();
         return std::to_string(actual.source_index.size()) + " pairs, expected " +
-               std::to_string(expected.source_index.size()) + (actual.tap_offsets == expected.tap_offsets
-                                                                    ? " (same tap offsets, different pairs)"
-                                                                    : " (different tap offsets)");
+            std::to_string(expected.source_index.size()) +
+            (actual.tap_offsets == expected.tap_offsets ? " (same tap offsets, different pairs)"
+                                                        : " (different tap offsets)");
     };
     return c;
 }
@@ -303,27 +302,35 @@ HostBatch even_index_voxels(const HostBatch& batch) {
 std::vector<BenchCase> topology_cases(const Workload& w) {
     std::vector<BenchCase> cases;
     cases.push_back(from_ijk_case(w));
-    cases.push_back(grid_case(w, "conv_grid(2,2)", [&w] { return w.grid.conv_grid(2, 2); },
-                              [&w] { return naive_conv_grid(w.grid_host, kK2, kK2); }, true));
-    cases.push_back(grid_case(w, "conv_grid(3,2)", [&w] { return w.grid.conv_grid(3, 2); },
-                              [&w] { return naive_conv_grid(w.grid_host, kK3, kK2); }, false));
-    cases.push_back(grid_case(w, "conv_grid(3,1)", [&w] { return w.grid.conv_grid(3, 1); },
-                              [&w] { return naive_conv_grid(w.grid_host, kK3, kK1); }, true));
-    cases.push_back(grid_case(w, "conv_transpose_grid(2,2)", [&w] { return w.grid.conv_transpose_grid(2, 2); },
-                              [&w] { return naive_conv_transpose_grid(w.grid_host, kK2, kK2); }, true));
-    cases.push_back(grid_case(w, "conv_transpose_grid(3,2)", [&w] { return w.grid.conv_transpose_grid(3, 2); },
-                              [&w] { return naive_conv_transpose_grid(w.grid_host, kK3, kK2); }, false));
-    cases.push_back(grid_case(w, "coarsened_grid(2)", [&w] { return w.grid.coarsened_grid(2); },
-                              [&w] { return naive_coarsened_grid(w.grid_host, 2); }, false));
-    cases.push_back(grid_case(w, "refined_grid(2)", [&w] { return w.grid.refined_grid(2); },
-                              [&w] { return naive_refined_grid(w.grid_host, 2); }, false));
-    cases.push_back(grid_case(w, "dilated_grid(1)", [&w] { return w.grid.dilated_grid(1); },
-                              [&w] { return naive_conv_transpose_grid(w.grid_host, kK3, kK1); }, false));
-    cases.push_back(grid_case(w, "pruned_grid(half mask)", [&w] { return w.grid.pruned_grid(span_of(w.even_mask)); },
-                              [&w] { return packed_keys(even_index_voxels(w.grid_host)); }, false));
     cases.push_back(grid_case(
-        w, "merged_grid(two halves)",
-        [&w] { return w.even_half.merged_grid(w.odd_half); },
+        w, "conv_grid(2,2)", [&w] { return w.grid.conv_grid(2, 2); },
+        [&w] { return naive_conv_grid(w.grid_host, kK2, kK2); }, true));
+    cases.push_back(grid_case(
+        w, "conv_grid(3,2)", [&w] { return w.grid.conv_grid(3, 2); },
+        [&w] { return naive_conv_grid(w.grid_host, kK3, kK2); }, false));
+    cases.push_back(grid_case(
+        w, "conv_grid(3,1)", [&w] { return w.grid.conv_grid(3, 1); },
+        [&w] { return naive_conv_grid(w.grid_host, kK3, kK1); }, true));
+    cases.push_back(grid_case(
+        w, "conv_transpose_grid(2,2)", [&w] { return w.grid.conv_transpose_grid(2, 2); },
+        [&w] { return naive_conv_transpose_grid(w.grid_host, kK2, kK2); }, true));
+    cases.push_back(grid_case(
+        w, "conv_transpose_grid(3,2)", [&w] { return w.grid.conv_transpose_grid(3, 2); },
+        [&w] { return naive_conv_transpose_grid(w.grid_host, kK3, kK2); }, false));
+    cases.push_back(grid_case(
+        w, "coarsened_grid(2)", [&w] { return w.grid.coarsened_grid(2); },
+        [&w] { return naive_coarsened_grid(w.grid_host, 2); }, false));
+    cases.push_back(grid_case(
+        w, "refined_grid(2)", [&w] { return w.grid.refined_grid(2); },
+        [&w] { return naive_refined_grid(w.grid_host, 2); }, false));
+    cases.push_back(grid_case(
+        w, "dilated_grid(1)", [&w] { return w.grid.dilated_grid(1); },
+        [&w] { return naive_conv_transpose_grid(w.grid_host, kK3, kK1); }, false));
+    cases.push_back(grid_case(
+        w, "pruned_grid(half mask)", [&w] { return w.grid.pruned_grid(span_of(w.even_mask)); },
+        [&w] { return packed_keys(even_index_voxels(w.grid_host)); }, false));
+    cases.push_back(grid_case(
+        w, "merged_grid(two halves)", [&w] { return w.even_half.merged_grid(w.odd_half); },
         [&w] { return packed_keys(w.grid_host); }, false));
     return cases;
 }
@@ -356,8 +363,8 @@ struct BenchRow {
     std::string operation;
     int64_t output_voxels = 0;
     Timing timing;
-    int64_t host_syncs = 0;       // host synchronisations of one run
-    std::size_t peak_bytes = 0;   // library memory held at the peak of one run, above what it held before
+    int64_t host_syncs = 0;      // host synchronisations of one run
+    std::size_t peak_bytes = 0;  // library memory held at the peak of one run, above what it held before
     std::optional<Timing> baseline;
     std::string check = "-";  // "ok", "MISMATCH" or "-" (not checked)
     std::string mismatch;     // what differs, for MISMATCH
@@ -553,7 +560,7 @@ void configure_threads(int threads) {
 std::vector<std::vector<sparsegrid::Vec3i>> load_members(const BenchOptions& options, std::string& description) {
     if (options.input_path.empty()) {
         description = std::to_string(options.batch_size) + " synthetic surface shapes, resolution " +
-                      std::to_string(options.resolution) + ", seed " + std::to_string(options.seed);
+            std::to_string(options.resolution) + ", seed " + std::to_string(options.seed);
         return sparsegrid::synthetic_surface_batch(options.batch_size, options.resolution, options.seed);
     }
     std::vector<std::vector<Vec3i>> members = sparsegrid::read_voxel_batch(options.input_path);
@@ -564,10 +571,9 @@ std::vector<std::vector<sparsegrid::Vec3i>> load_members(const BenchOptions& opt
         throw UsageError("bench: --members must be in [1, " + std::to_string(available) + "] for '" +
                          options.input_path + "', got " + std::to_string(count));
     description = "first " + std::to_string(count) + " of " + std::to_string(available) + " members of " +
-                  options.input_path;
+        options.input_path;
     return sparsegrid::first_members(members, count);
 }
-
 
 int run_bench(const BenchOptions& options, std::ostream& out) {
     if (options.device.is_cuda() && !sparsegrid::cuda_backend_available())

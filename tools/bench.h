@@ -30,8 +30,8 @@ struct BenchOptions {
     sparsegrid::Device device = sparsegrid::Device::cpu();
     int threads = 0;  ///< OpenMP threads; 0 = OpenMP's default
     std::string json_path;
-    bool check = true;  ///< compare every result with the naive reference
-    bool as_one_member = false;  ///< merge all members side by side into one member
+    bool check = true;                           ///< compare every result with the naive reference
+    bool as_one_member = false;                  ///< merge all members side by side into one member
     std::vector<int64_t> channels{32, 64, 128};  ///< conv: channel counts (in = out)
     std::string dtype = "float32";               ///< conv: float32, float64, float16 or bfloat16
 };

@@ -104,9 +104,14 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
         throw UsageError("conv: --dtype " + options.dtype + " runs on CUDA only; use --device cuda");
     const GridBatch grid = GridBatch::from_ijk(members, {}, context);
     const std::vector<Layer> layers{
-        {"k3s1 submanifold", [](const GridBatch& g) { return ConvolutionPlan::make(g, g, {3, 3, 3}, {1, 1, 1}); }},
+        {"k3s1 submanifold",
+         [](const GridBatch& g) {
+             return ConvolutionPlan::make(g, g, {3, 3, 3}, {1, 1, 1});
+         }},
         {"k2s2 generative transposed",
-         [](const GridBatch& g) { return ConvolutionPlan::make_transposed(g, {2, 2, 2}, {2, 2, 2}); }},
+         [](const GridBatch& g) {
+             return ConvolutionPlan::make_transposed(g, {2, 2, 2}, {2, 2, 2});
+         }},
     };
     out << "batch:    " << description << ", " << grid.num_voxels() << " voxels\n"
         << "device:   " << context.device.str() << ", " << options.dtype << "\n"
@@ -132,8 +137,8 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
             const Buffer<uint8_t> g = random_values(rows * c, dtype, context, rng);
             const Buffer<uint8_t> y = Buffer<uint8_t>::allocate(rows * c * sparsegrid::dtype_size(dtype), context);
             const Buffer<uint8_t> gx = Buffer<uint8_t>::allocate(sources * c * sparsegrid::dtype_size(dtype), context);
-            const Buffer<uint8_t> gw =
-                Buffer<uint8_t>::allocate(c * c * volume * sparsegrid::dtype_size(dtype), context);
+            const Buffer<uint8_t> gw = Buffer<uint8_t>::allocate(c * c * volume * sparsegrid::dtype_size(dtype),
+                                                                 context);
             const double forward = median_ms(context, options.warmup, options.repeats,
                                              [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype); });
             const double input_grad = median_ms(context, options.warmup, options.repeats, [&] {

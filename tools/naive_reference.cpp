@@ -21,7 +21,7 @@ bool fits_in_key(const Coord& c) {
 
 uint64_t pack_key(int64_t member, const Coord& c) {
     return (static_cast<uint64_t>(member) << 48) | (static_cast<uint64_t>(c[0] + kKeyBias) << 32) |
-           (static_cast<uint64_t>(c[1] + kKeyBias) << 16) | static_cast<uint64_t>(c[2] + kKeyBias);
+        (static_cast<uint64_t>(c[1] + kKeyBias) << 16) | static_cast<uint64_t>(c[2] + kKeyBias);
 }
 
 Coord widen(const Vec3i& v) { return {v[0], v[1], v[2]}; }
@@ -119,9 +119,8 @@ bool keys_can_represent(const HostBatch& batch) {
 }
 
 KeySet packed_keys(const HostBatch& batch) {
-    return collect_keys(batch, 1, [](int64_t member, const Coord& c, KeySet& keys) {
-        keys.push_back(pack_key(member, c));
-    });
+    return collect_keys(batch, 1,
+                        [](int64_t member, const Coord& c, KeySet& keys) { keys.push_back(pack_key(member, c)); });
 }
 
 KeySet naive_conv_grid(const HostBatch& batch, const Vec3i& kernel_size, const Vec3i& stride) {
@@ -153,8 +152,8 @@ KeySet naive_refined_grid(const HostBatch& batch, int32_t factor) {
     const Vec3i block{factor, factor, factor};
     return collect_keys(batch, kernel_volume(block), [&](int64_t member, const Coord& c, KeySet& keys) {
         for_each_tap(block, [&](int32_t, const Coord& offset) {
-            keys.push_back(pack_key(member, {factor * c[0] + offset[0], factor * c[1] + offset[1],
-                                             factor * c[2] + offset[2]}));
+            keys.push_back(
+                pack_key(member, {factor * c[0] + offset[0], factor * c[1] + offset[1], factor * c[2] + offset[2]}));
         });
     });
 }

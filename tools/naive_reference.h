@@ -55,7 +55,7 @@ struct HostPairLists {
     std::vector<int32_t> target_index;
     bool operator==(const HostPairLists& other) const {
         return tap_offsets == other.tap_offsets && source_index == other.source_index &&
-               target_index == other.target_index;
+            target_index == other.target_index;
     }
 };
 HostPairLists naive_pairs_by_tap(const std::vector<int32_t>& neighbour_map, int32_t kernel_volume);

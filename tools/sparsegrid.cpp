@@ -238,9 +238,12 @@ int run_info(const std::vector<std::string>& args) {
     OptionReader reader("info", args);
     std::string path;
     while (const auto arg = reader.next()) {
-        if (*arg == "--input") path = reader.value();
-        else if (arg->rfind("-", 0) != 0 && path.empty()) path = *arg;
-        else reader.unknown(*arg);
+        if (*arg == "--input")
+            path = reader.value();
+        else if (arg->rfind("-", 0) != 0 && path.empty())
+            path = *arg;
+        else
+            reader.unknown(*arg);
     }
     if (path.empty()) reader.fail("needs a voxel batch file: sparsegrid info FILE");
 
@@ -266,12 +269,16 @@ int run_generate(const std::vector<std::string>& args) {
     uint64_t seed = 0;
     std::string output_path;
     while (const auto option = reader.next()) {
-        if (*option == "--batch") batch_size = reader.integer_value(0, kMaxBatchSize);
+        if (*option == "--batch")
+            batch_size = reader.integer_value(0, kMaxBatchSize);
         else if (*option == "--resolution")
             resolution = static_cast<int32_t>(reader.integer_value(1, sparsegrid::kMaxShapeResolution));
-        else if (*option == "--seed") seed = reader.unsigned_value();
-        else if (*option == "--output") output_path = reader.value();
-        else reader.unknown(*option);
+        else if (*option == "--seed")
+            seed = reader.unsigned_value();
+        else if (*option == "--output")
+            output_path = reader.value();
+        else
+            reader.unknown(*option);
     }
     if (output_path.empty()) reader.fail("needs --output FILE");
 
@@ -297,8 +304,8 @@ int run_command(const std::vector<std::string>& args) {
         return kExitSuccess;
     }
     if (command == "--version") {
-        std::cout << "sparsegrid " << SPARSEGRID_VERSION_STRING << "\ncuda: "
-                  << (sparsegrid::cuda_backend_available() ? "yes" : "no") << " ("
+        std::cout << "sparsegrid " << SPARSEGRID_VERSION_STRING
+                  << "\ncuda: " << (sparsegrid::cuda_backend_available() ? "yes" : "no") << " ("
                   << sparsegrid::cuda_device_count() << " devices)\n";
         return kExitSuccess;
     }

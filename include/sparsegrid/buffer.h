@@ -14,8 +14,7 @@ namespace sparsegrid {
 namespace detail {
 /// Copies `bytes` bytes between any two devices, ordered on `stream`. Returns after the copy is
 /// complete when the destination is host memory (a host synchronisation for CUDA sources).
-void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
-                void* stream);
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream);
 /// Records one host synchronisation (see host_synchronizations()).
 void count_host_synchronization();
 /// Sets `bytes` bytes to `value`, ordered on `stream`.

@@ -29,9 +29,7 @@ namespace sparsegrid {
 enum class DType : int8_t { Float32 = 0, Float64 = 1, Float16 = 2, BFloat16 = 3 };
 
 /// Bytes of one element of `dtype`.
-constexpr int64_t dtype_size(DType dtype) {
-    return dtype == DType::Float64 ? 8 : dtype == DType::Float32 ? 4 : 2;
-}
+constexpr int64_t dtype_size(DType dtype) { return dtype == DType::Float64 ? 8 : dtype == DType::Float32 ? 4 : 2; }
 
 namespace detail {
 struct PlanMaps;
@@ -47,8 +45,8 @@ public:
     /// Transposed plan from `source` to source.conv_transpose_grid(K, S) (generative transposed conv).
     static ConvolutionPlan make_transposed(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride);
     /// Transposed plan from `source` to an existing `target`.
-    static ConvolutionPlan make_transposed(const GridBatch& source, const GridBatch& target,
-                                           const Vec3i& kernel_size, const Vec3i& stride);
+    static ConvolutionPlan make_transposed(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
+                                           const Vec3i& stride);
 
     /// The plan with source and target swapped and the direction flipped, in O(1): it shares this
     /// plan's maps (the map it needs is derived from them on first use, without lookups).
@@ -98,9 +96,9 @@ private:
     /// Output-stationary execution over the map of slot `slot` of the shared maps (rows = `rows`, the
     /// output's). `single_edge_rows`: every output row has at most one edge (the fine side of a K = S
     /// plan), so CUDA may run it over the other map, scattering each product to its one output row.
-    void execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
-                     const void* weight, bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
-                     DType dtype, const Context& ctx) const;
+    void execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x, const void* weight,
+                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
+                     const Context& ctx) const;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
                                     MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
 

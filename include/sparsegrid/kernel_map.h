@@ -54,8 +54,8 @@ public:
     /// Number of edges (non-negative entries). Syncs on CUDA.
     int64_t num_edges() const;
 
-    KernelMap(Buffer<int32_t> neighbour_map, int64_t num_source, int64_t num_target, Vec3i kernel_size,
-              Vec3i stride, MapDirection direction, Context ctx);
+    KernelMap(Buffer<int32_t> neighbour_map, int64_t num_source, int64_t num_target, Vec3i kernel_size, Vec3i stride,
+              MapDirection direction, Context ctx);
 
 private:
     Buffer<int32_t> m_neighbour_map;
@@ -71,8 +71,8 @@ private:
 /// grid, `target` the coarse one; Transposed: the reverse. Any grids are allowed (edges are looked up,
 /// not assumed). Requires source.num_voxels() < 2^31. Cost: one lookup-table build over the source and
 /// one launch over target voxels x taps; no sync.
-KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
-                        const Vec3i& stride, MapDirection direction = MapDirection::Forward);
+KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size, const Vec3i& stride,
+                        MapDirection direction = MapDirection::Forward);
 
 /// A generated grid and the kernel map from its source, built together.
 struct GridAndMap {

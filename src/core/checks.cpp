@@ -39,8 +39,7 @@ ConvGeometry make_conv_geometry(const char* op, const Vec3i& kernel_size, const 
 }
 
 void check_offsets(const char* op, const char* name, const std::vector<int64_t>& offsets, int64_t expected_total) {
-    if (offsets.size() < 2)
-        throw_error(op, ": ", name, " must hold batch_size + 1 >= 2 entries, got ", offsets.size());
+    if (offsets.size() < 2) throw_error(op, ": ", name, " must hold batch_size + 1 >= 2 entries, got ", offsets.size());
     if (offsets.size() - 1 > static_cast<size_t>(INT32_MAX))
         throw_error(op, ": batch size must be < 2^31, got ", offsets.size() - 1);
     if (offsets[0] != 0) throw_error(op, ": ", name, "[0] must be 0, got ", offsets[0]);
@@ -49,8 +48,8 @@ void check_offsets(const char* op, const char* name, const std::vector<int64_t>&
             throw_error(op, ": ", name, " must be non-decreasing, got ", name, "[", m - 1, "] = ", offsets[m - 1],
                         " > ", name, "[", m, "] = ", offsets[m]);
     if (offsets.back() != expected_total)
-        throw_error(op, ": ", name, "[", offsets.size() - 1, "] must equal the number of entries (",
-                    expected_total, "), got ", offsets.back());
+        throw_error(op, ": ", name, "[", offsets.size() - 1, "] must equal the number of entries (", expected_total,
+                    "), got ", offsets.back());
 }
 
 std::vector<MemberTransform> resolve_transforms(const char* op, const std::vector<MemberTransform>& transforms,
@@ -72,8 +71,7 @@ std::vector<MemberTransform> resolve_transforms(const char* op, const std::vecto
 
 int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t b) {
     int64_t result = 0;
-    if (__builtin_mul_overflow(a, b, &result))
-        throw_error(op, ": ", what, " (", a, " x ", b, ") overflows int64");
+    if (__builtin_mul_overflow(a, b, &result)) throw_error(op, ": ", what, " (", a, " x ", b, ") overflows int64");
     return result;
 }
 

@@ -127,8 +127,8 @@ ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const 
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
                                                  const Vec3i& kernel_size, const Vec3i& stride) {
-    const detail::ConvGeometry geometry =
-        detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride);
+    const detail::ConvGeometry geometry = detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size,
+                                                                     stride);
     if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage())
         return assemble(source, target, kernel_size, stride, MapDirection::Transposed, nullptr);
     return assemble(source, target, kernel_size, stride, MapDirection::Transposed,
@@ -158,8 +158,8 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
     forward(input, weight, output, in_channels, out_channels, dtype, m_target.context());
 }
 
-void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
-                                     int64_t in_channels, int64_t out_channels, DType dtype) const {
+void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
+                                     int64_t out_channels, DType dtype) const {
     backward_input(grad_output, weight, grad_input, in_channels, out_channels, dtype, m_target.context());
 }
 
@@ -205,8 +205,8 @@ void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool s
         return;
     }
     const int32_t* order = m_maps ? m_maps->row_order(slot, ctx) : nullptr;
-    detail::cuda::map_convolution(map, order, rows, volume, x, weight, transpose_weight, out, x_channels,
-                                  out_channels, dtype, false, rows, ctx);
+    detail::cuda::map_convolution(map, order, rows, volume, x, weight, transpose_weight, out, x_channels, out_channels,
+                                  dtype, false, rows, ctx);
 #else
     detail::throw_backend_unavailable(op, ctx.device);
 #endif
@@ -225,17 +225,16 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
                 in_channels, out_channels, dtype, ctx);
 }
 
-void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input,
-                                     int64_t in_channels, int64_t out_channels, DType dtype,
-                                     const Context& ctx) const {
+void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
+                                     int64_t out_channels, DType dtype, const Context& ctx) const {
     constexpr const char* op = "ConvolutionPlan::backward_input";
     check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
     const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Forward;
-    execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), single_edge_rows, grad_output, weight, true,
-                grad_input, out_channels, in_channels, dtype, ctx);
+    execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), single_edge_rows, grad_output, weight, true, grad_input,
+                out_channels, in_channels, dtype, ctx);
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,

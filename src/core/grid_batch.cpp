@@ -139,7 +139,8 @@ GridBatch GridBatch::from_mesh(Span<const double> vertices, const std::vector<in
                                Span<const int32_t> faces, const std::vector<int64_t>& face_offsets,
                                const std::vector<MemberTransform>& transforms, const Context& ctx) {
     constexpr const char* op = "GridBatch::from_mesh";
-    if (vertices.size % 3 != 0) throw_error(op, ": vertices must hold (x, y, z) triples, got ", vertices.size, " values");
+    if (vertices.size % 3 != 0)
+        throw_error(op, ": vertices must hold (x, y, z) triples, got ", vertices.size, " values");
     if (faces.size % 3 != 0) throw_error(op, ": faces must hold vertex index triples, got ", faces.size, " values");
     if ((vertices.size > 0 && !vertices.data) || (faces.size > 0 && !faces.data))
         throw_error(op, ": vertices or faces data is null");
@@ -206,9 +207,11 @@ Vec3d GridBatch::world_to_index(int64_t member, const Vec3d& xyz) const {
     return {(xyz[0] - o[0]) / h[0], (xyz[1] - o[1]) / h[1], (xyz[2] - o[2]) / h[2]};
 }
 
-Buffer<int64_t> GridBatch::ijk_to_index(Span<const int32_t> query_ijk, const std::vector<int64_t>& query_offsets) const {
+Buffer<int64_t> GridBatch::ijk_to_index(Span<const int32_t> query_ijk,
+                                        const std::vector<int64_t>& query_offsets) const {
     constexpr const char* op = "GridBatch::ijk_to_index";
-    if (query_ijk.size % 3 != 0) throw_error(op, ": query_ijk must hold (i, j, k) triples, got ", query_ijk.size, " values");
+    if (query_ijk.size % 3 != 0)
+        throw_error(op, ": query_ijk must hold (i, j, k) triples, got ", query_ijk.size, " values");
     if (query_ijk.size > 0 && query_ijk.data == nullptr) throw_error(op, ": query_ijk data is null");
     detail::check_offsets(op, "query_offsets", query_offsets, query_ijk.size / 3);
     if (static_cast<int64_t>(query_offsets.size()) - 1 != batch_size())

@@ -16,7 +16,7 @@
 namespace sparsegrid::detail {
 
 struct IndexTriangle {
-    Point3 corner[3];       ///< (xyz - origin) / voxel_size, per axis
+    Point3 corner[3];      ///< (xyz - origin) / voxel_size, per axis
     int32_t lo[3], hi[3];  ///< voxels whose closed cubes meet the triangle's bounding box, per axis
 };
 
@@ -120,8 +120,9 @@ SG_HD int32_t first_bad_vertex(const int32_t* vertices, int64_t member_vertices)
 }
 
 [[noreturn]] inline void throw_mesh_candidate_overflow() {
-    throw_error("GridBatch::from_mesh: the candidate voxels (those of every triangle's bounding box) must number "
-                "less than 2^63 - 1 (int64), got more; use larger voxels or smaller triangles");
+    throw_error(
+        "GridBatch::from_mesh: the candidate voxels (those of every triangle's bounding box) must number "
+        "less than 2^63 - 1 (int64), got more; use larger voxels or smaller triangles");
 }
 
 }  // namespace sparsegrid::detail

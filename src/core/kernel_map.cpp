@@ -12,8 +12,13 @@ using detail::throw_error;
 
 KernelMap::KernelMap(Buffer<int32_t> neighbour_map, int64_t num_source, int64_t num_target, Vec3i kernel_size,
                      Vec3i stride, MapDirection direction, Context ctx)
-    : m_neighbour_map(std::move(neighbour_map)), m_num_source(num_source), m_num_target(num_target),
-      m_kernel_size(kernel_size), m_stride(stride), m_direction(direction), m_context(ctx) {}
+    : m_neighbour_map(std::move(neighbour_map)),
+      m_num_source(num_source),
+      m_num_target(num_target),
+      m_kernel_size(kernel_size),
+      m_stride(stride),
+      m_direction(direction),
+      m_context(ctx) {}
 
 PairLists KernelMap::pairs_by_tap(const Context& ctx) const {
     return SPARSEGRID_DISPATCH("KernelMap::pairs_by_tap", ctx,
@@ -28,7 +33,8 @@ KernelMap KernelMap::transposed(const Context& ctx) const {
                     " targets; int32 neighbour maps need fewer than 2^31 source voxels");
     Buffer<int32_t> map = SPARSEGRID_DISPATCH(
         "KernelMap::transposed", ctx, transpose_map(m_neighbour_map, m_num_target, m_num_source, kernel_volume(), ctx));
-    const MapDirection flipped = m_direction == MapDirection::Forward ? MapDirection::Transposed : MapDirection::Forward;
+    const MapDirection flipped = m_direction == MapDirection::Forward ? MapDirection::Transposed
+                                                                      : MapDirection::Forward;
     return KernelMap(std::move(map), m_num_target, m_num_source, m_kernel_size, m_stride, flipped, ctx);
 }
 
@@ -38,8 +44,8 @@ int64_t KernelMap::num_edges() const {
     return SPARSEGRID_DISPATCH("KernelMap::num_edges", m_context, count_edges(m_neighbour_map, m_context));
 }
 
-KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
-                        const Vec3i& stride, MapDirection direction) {
+KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size, const Vec3i& stride,
+                        MapDirection direction) {
     constexpr const char* op = "neighbour_map";
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
     if (source.batch_size() != target.batch_size())
@@ -53,8 +59,7 @@ KernelMap neighbour_map(const GridBatch& source, const GridBatch& target, const 
                     " voxels; int32 neighbour maps need fewer than 2^31 source voxels");
     detail::checked_mul(op, "neighbour map size", target.num_voxels(), g.kernel_volume());
     const Context& ctx = target.context();
-    Buffer<int32_t> map =
-        SPARSEGRID_DISPATCH(op, ctx, neighbour_map(source.storage(), target.storage(), g, direction));
+    Buffer<int32_t> map = SPARSEGRID_DISPATCH(op, ctx, neighbour_map(source.storage(), target.storage(), g, direction));
     return KernelMap(std::move(map), source.num_voxels(), target.num_voxels(), kernel_size, stride, direction, ctx);
 }
 

@@ -67,7 +67,7 @@ SG_HD KeyT encode_key(const KeyCodec& codec, int64_t member, int32_t i, int32_t 
 template <>
 SG_HD uint64_t encode_key<uint64_t>(const KeyCodec& codec, int64_t member, int32_t i, int32_t j, int32_t k) {
     const uint64_t morton = spread_bits3(codec.bias(i)) << 2 | spread_bits3(codec.bias(j)) << 1 |
-                            spread_bits3(codec.bias(k));
+        spread_bits3(codec.bias(k));
     return static_cast<uint64_t>(member) << codec.morton_bits() | morton;
 }
 
@@ -76,8 +76,8 @@ SG_HD Key128 encode_key<Key128>(const KeyCodec& codec, int64_t member, int32_t i
     const uint64_t ui = codec.bias(i), uj = codec.bias(j), uk = codec.bias(k);
     const uint64_t low = spread_bits3(ui) << 2 | spread_bits3(uj) << 1 | spread_bits3(uk);
     const uint64_t high = spread_bits3(ui >> 21) << 2 | spread_bits3(uj >> 21) << 1 | spread_bits3(uk >> 21);
-    return static_cast<Key128>(static_cast<uint64_t>(member)) << codec.morton_bits() |
-           static_cast<Key128>(high) << 63 | static_cast<Key128>(low);
+    return static_cast<Key128>(static_cast<uint64_t>(member)) << codec.morton_bits() | static_cast<Key128>(high) << 63 |
+        static_cast<Key128>(low);
 }
 
 struct DecodedKey {

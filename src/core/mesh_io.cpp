@@ -5,9 +5,9 @@
 #include <filesystem>
 
 #if defined(SPARSEGRID_WITH_ASSIMP)
-#include <assimp/Importer.hpp>
 #include <assimp/postprocess.h>
 #include <assimp/scene.h>
+#include <assimp/Importer.hpp>
 #endif
 
 namespace sparsegrid {
@@ -31,8 +31,9 @@ TriangleMesh load_mesh(const std::string& path) {
     Assimp::Importer importer;
     // Pre-transforming flattens the node hierarchy into world coordinates; sorting by primitive type
     // lets points and lines be skipped.
-    const aiScene* scene = importer.ReadFile(path, aiProcess_Triangulate | aiProcess_JoinIdenticalVertices |
-                                                       aiProcess_PreTransformVertices | aiProcess_SortByPType);
+    const aiScene* scene = importer.ReadFile(path,
+                                             aiProcess_Triangulate | aiProcess_JoinIdenticalVertices |
+                                                 aiProcess_PreTransformVertices | aiProcess_SortByPType);
     if (!scene || (scene->mFlags & AI_SCENE_FLAGS_INCOMPLETE) || !scene->mRootNode)
         throw_error(op, ": cannot read '", path, "': ", importer.GetErrorString());
     TriangleMesh mesh;
@@ -47,7 +48,8 @@ TriangleMesh load_mesh(const std::string& path) {
         for (unsigned f = 0; f < part->mNumFaces; ++f) {
             const aiFace& face = part->mFaces[f];
             if (face.mNumIndices != 3) continue;
-            mesh.faces.push_back({static_cast<int32_t>(base + face.mIndices[0]), static_cast<int32_t>(base + face.mIndices[1]),
+            mesh.faces.push_back({static_cast<int32_t>(base + face.mIndices[0]),
+                                  static_cast<int32_t>(base + face.mIndices[1]),
                                   static_cast<int32_t>(base + face.mIndices[2])});
         }
     }

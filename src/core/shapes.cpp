@@ -37,8 +37,7 @@ Vec3d to_local(const ShapeParams& shape, const Vec3d& point) {
     const Vec3d d{point[0] - shape.centre[0], point[1] - shape.centre[1], point[2] - shape.centre[2]};
     const auto& r = shape.rotation;
     // rotation^T * d: column a of the row-major matrix dotted with d.
-    return {r[0] * d[0] + r[3] * d[1] + r[6] * d[2],
-            r[1] * d[0] + r[4] * d[1] + r[7] * d[2],
+    return {r[0] * d[0] + r[3] * d[1] + r[6] * d[2], r[1] * d[0] + r[4] * d[1] + r[7] * d[2],
             r[2] * d[0] + r[5] * d[1] + r[8] * d[2]};
 }
 
@@ -47,8 +46,8 @@ double ellipsoid_implicit(const Vec3d& q, const Vec3d& semi_axes) {
 }
 
 double box_implicit(const Vec3d& q, const Vec3d& half_sides) {
-    return std::max({std::fabs(q[0]) - half_sides[0], std::fabs(q[1]) - half_sides[1],
-                     std::fabs(q[2]) - half_sides[2]});
+    return std::max(
+        {std::fabs(q[0]) - half_sides[0], std::fabs(q[1]) - half_sides[1], std::fabs(q[2]) - half_sides[2]});
 }
 
 double torus_implicit(const Vec3d& q, double major_radius, double minor_radius) {
@@ -69,9 +68,7 @@ void check_resolution(const char* operation, int32_t resolution) {
                     "], got " + std::to_string(resolution));
 }
 
-int num_size_components(ShapeKind kind) {
-    return (kind == ShapeKind::Torus || kind == ShapeKind::Capsule) ? 2 : 3;
-}
+int num_size_components(ShapeKind kind) { return (kind == ShapeKind::Torus || kind == ShapeKind::Capsule) ? 2 : 3; }
 
 void check_shape(const char* operation, const ShapeParams& shape) {
     const std::string prefix = std::string(operation) + ": shape.";
@@ -90,8 +87,8 @@ void check_shape(const char* operation, const ShapeParams& shape) {
     const auto& r = shape.rotation;
     for (int row = 0; row < 3; ++row)
         for (int col = 0; col < 3; ++col) {
-            const double dot =
-                r[3 * row] * r[3 * col] + r[3 * row + 1] * r[3 * col + 1] + r[3 * row + 2] * r[3 * col + 2];
+            const double dot = r[3 * row] * r[3 * col] + r[3 * row + 1] * r[3 * col + 1] +
+                r[3 * row + 2] * r[3 * col + 2];
             const double expected = row == col ? 1.0 : 0.0;
             if (!(std::fabs(dot - expected) <= kRotationTolerance))
                 throw Error(prefix + "rotation must be orthonormal (rows " + std::to_string(row) + " and " +
@@ -133,7 +130,9 @@ public:
     static constexpr uint8_t kOutside = 2;
 
     CornerPlaneSampler(const ShapeParams& shape, int32_t resolution, const IndexRange& range)
-        : m_shape(shape), m_resolution(resolution), m_range(range),
+        : m_shape(shape),
+          m_resolution(resolution),
+          m_range(range),
           m_num_j(static_cast<int64_t>(range.hi[1]) - range.lo[1] + 1),
           m_num_k(static_cast<int64_t>(range.hi[2]) - range.lo[2] + 1) {}
 
@@ -157,7 +156,7 @@ public:
             for (int64_t dk = 0; dk < m_num_k; ++dk) {
                 const int64_t c = dj * corner_row + dk;
                 signs[dj * m_num_k + dk] = corners[c] | corners[c + 1] | corners[c + corner_row] |
-                                           corners[c + corner_row + 1];
+                    corners[c + corner_row + 1];
             }
     }
 
@@ -239,22 +238,22 @@ std::array<double, 9> random_rotation(PortableRandom& random) {
 
 Vec3d random_size(ShapeKind kind, PortableRandom& random) {
     switch (kind) {
-        case ShapeKind::Ellipsoid: {
-            const double a = random.uniform(0.22, 0.46), b = random.uniform(0.22, 0.46);
-            return {a, b, random.uniform(0.22, 0.46)};
-        }
-        case ShapeKind::Torus: {
-            const double major = random.uniform(0.26, 0.37);
-            return {major, random.uniform(0.07, 0.10), 0.0};
-        }
-        case ShapeKind::Box: {
-            const double a = random.uniform(0.16, 0.34), b = random.uniform(0.16, 0.34);
-            return {a, b, random.uniform(0.16, 0.34)};
-        }
-        case ShapeKind::Capsule: {
-            const double half_length = random.uniform(0.20, 0.32);
-            return {half_length, random.uniform(0.13, 0.17), 0.0};
-        }
+    case ShapeKind::Ellipsoid: {
+        const double a = random.uniform(0.22, 0.46), b = random.uniform(0.22, 0.46);
+        return {a, b, random.uniform(0.22, 0.46)};
+    }
+    case ShapeKind::Torus: {
+        const double major = random.uniform(0.26, 0.37);
+        return {major, random.uniform(0.07, 0.10), 0.0};
+    }
+    case ShapeKind::Box: {
+        const double a = random.uniform(0.16, 0.34), b = random.uniform(0.16, 0.34);
+        return {a, b, random.uniform(0.16, 0.34)};
+    }
+    case ShapeKind::Capsule: {
+        const double half_length = random.uniform(0.20, 0.32);
+        return {half_length, random.uniform(0.13, 0.17), 0.0};
+    }
     }
     return {0.25, 0.25, 0.25};
 }
@@ -263,10 +262,14 @@ Vec3d random_size(ShapeKind kind, PortableRandom& random) {
 
 std::string shape_kind_name(ShapeKind kind) {
     switch (kind) {
-        case ShapeKind::Ellipsoid: return "ellipsoid";
-        case ShapeKind::Torus: return "torus";
-        case ShapeKind::Box: return "box";
-        case ShapeKind::Capsule: return "capsule";
+    case ShapeKind::Ellipsoid:
+        return "ellipsoid";
+    case ShapeKind::Torus:
+        return "torus";
+    case ShapeKind::Box:
+        return "box";
+    case ShapeKind::Capsule:
+        return "capsule";
     }
     return "unknown shape kind " + std::to_string(static_cast<int>(kind));
 }
@@ -274,10 +277,14 @@ std::string shape_kind_name(ShapeKind kind) {
 double shape_implicit(const ShapeParams& shape, const Vec3d& point) {
     const Vec3d q = to_local(shape, point);
     switch (shape.kind) {
-        case ShapeKind::Ellipsoid: return ellipsoid_implicit(q, shape.size);
-        case ShapeKind::Box: return box_implicit(q, shape.size);
-        case ShapeKind::Torus: return torus_implicit(q, shape.size[0], shape.size[1]);
-        case ShapeKind::Capsule: return capsule_implicit(q, shape.size[0], shape.size[1]);
+    case ShapeKind::Ellipsoid:
+        return ellipsoid_implicit(q, shape.size);
+    case ShapeKind::Box:
+        return box_implicit(q, shape.size);
+    case ShapeKind::Torus:
+        return torus_implicit(q, shape.size[0], shape.size[1]);
+    case ShapeKind::Capsule:
+        return capsule_implicit(q, shape.size[0], shape.size[1]);
     }
     return 1.0;
 }
@@ -285,10 +292,14 @@ double shape_implicit(const ShapeParams& shape, const Vec3d& point) {
 double shape_bounding_radius(const ShapeParams& shape) {
     const Vec3d& s = shape.size;
     switch (shape.kind) {
-        case ShapeKind::Ellipsoid: return std::max({s[0], s[1], s[2]});
-        case ShapeKind::Box: return std::sqrt(square(s[0]) + square(s[1]) + square(s[2]));
-        case ShapeKind::Torus: return s[0] + s[1];
-        case ShapeKind::Capsule: return s[0] + s[1];
+    case ShapeKind::Ellipsoid:
+        return std::max({s[0], s[1], s[2]});
+    case ShapeKind::Box:
+        return std::sqrt(square(s[0]) + square(s[1]) + square(s[2]));
+    case ShapeKind::Torus:
+        return s[0] + s[1];
+    case ShapeKind::Capsule:
+        return s[0] + s[1];
     }
     return 0.0;
 }

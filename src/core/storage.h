@@ -9,10 +9,10 @@
 namespace sparsegrid::detail {
 
 struct GridTopology {
-    std::vector<int64_t> offsets;   ///< host copy, B+1
-    Buffer<int64_t> offsets_buffer; ///< on the device
-    Buffer<int32_t> ijk;            ///< N x 3, voxel order
-    CoordBox box;                   ///< contains every voxel
+    std::vector<int64_t> offsets;    ///< host copy, B+1
+    Buffer<int64_t> offsets_buffer;  ///< on the device
+    Buffer<int32_t> ijk;             ///< N x 3, voxel order
+    CoordBox box;                    ///< contains every voxel
 };
 
 struct GridStorage {

@@ -97,8 +97,8 @@ void map_convolution_typed(const int32_t* map, int64_t rows, int32_t volume, con
 /// (leading dimension ldsum). Register tiles of 4 x (32 bytes of T) with the sums loaded once per
 /// chunk; every element still adds the edges one by one in chunk order.
 template <typename T>
-void accumulate_chunk(const T* g, int64_t ldg, int64_t cols_g, const T* x, int64_t ldx, int64_t cols_x,
-                      int64_t edges, T* sum, int64_t ldsum) {
+void accumulate_chunk(const T* g, int64_t ldg, int64_t cols_g, const T* x, int64_t ldx, int64_t cols_x, int64_t edges,
+                      T* sum, int64_t ldsum) {
     constexpr int R = 4;
     constexpr int W = 32 / static_cast<int>(sizeof(T));
     // Elements [i_begin, i_end) x [j_begin, j_end) one at a time: the edges of tiles that do not fill.
@@ -190,8 +190,7 @@ void map_convolution(const int32_t* map, int64_t rows, int32_t volume, const voi
 }
 
 void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* grad,
-                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype,
-                         const Context&) {
+                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype, const Context&) {
     if (dtype == DType::Float32)
         map_weight_gradient_typed(map, rows, volume, static_cast<const float*>(x), static_cast<const float*>(grad),
                                   static_cast<float*>(grad_weight), in_channels, out_channels);

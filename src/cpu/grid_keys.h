@@ -23,8 +23,7 @@ std::vector<KeyT> encode_grid_keys(const GridStorage& grid, const KeyCodec& code
 
 /// Sorts and deduplicates `keys` and decodes them into a grid of `batch_size` members on ctx.device.
 template <typename KeyT>
-GridTopology canonical_topology(std::vector<KeyT>& keys, const KeyCodec& codec, int64_t batch_size,
-                                const Context& ctx);
+GridTopology canonical_topology(std::vector<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const Context& ctx);
 
 /// Offsets, box and device buffers of a grid whose voxel-order ijk is already in `ijk`.
 GridTopology finish_topology(Buffer<int32_t> ijk, std::vector<int64_t> offsets, const Context& ctx);

@@ -41,7 +41,8 @@ template <typename KeyT>
 class LookupBase {
 public:
     explicit LookupBase(const GridStorage& grid)
-        : m_offsets(grid.topology.offsets), m_box(grid.topology.box),
+        : m_offsets(grid.topology.offsets),
+          m_box(grid.topology.box),
           m_codec(make_codec(grid.topology.box, grid.batch_size())) {}
 
     /// The key of voxel q of `member`; false when q lies outside the grid's box (then it is absent).
@@ -136,7 +137,8 @@ auto with_lookup(const GridStorage& grid, Fn&& fn) {
 
 }  // namespace
 
-Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, const std::vector<int64_t>& query_offsets) {
+Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
+                             const std::vector<int64_t>& query_offsets) {
     const int64_t count = query_offsets.back();
     Buffer<int64_t> result = Buffer<int64_t>::allocate(count, grid.context);
     int64_t* out = result.data();
@@ -285,14 +287,13 @@ PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t k
     return pairs;
 }
 
-Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,
-                              int32_t kernel_volume, const Context& ctx) {
+Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source, int32_t kernel_volume,
+                              const Context& ctx) {
     Buffer<int32_t> result = Buffer<int32_t>::allocate(num_source * kernel_volume, ctx);
     int32_t* out = result.data();
     const int32_t* entries = map.data();
-    parallel_chunks(num_source * kernel_volume, [&](int64_t begin, int64_t end, int, int) {
-        std::fill(out + begin, out + end, -1);
-    });
+    parallel_chunks(num_source * kernel_volume,
+                    [&](int64_t begin, int64_t end, int, int) { std::fill(out + begin, out + end, -1); });
     // Each (source, tap) has at most one target, so the scattered writes never collide.
     parallel_chunks(num_target, [&](int64_t begin, int64_t end, int, int) {
         for (int64_t r = begin; r < end; ++r)

@@ -54,7 +54,9 @@ GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& verte
         chunk_candidates[chunk] = candidates;
     });
     auto member_of_face = [&](int64_t f) {
-        return static_cast<int64_t>(std::upper_bound(face_offsets.begin(), face_offsets.end(), f) - face_offsets.begin()) - 1;
+        return static_cast<int64_t>(std::upper_bound(face_offsets.begin(), face_offsets.end(), f) -
+                                    face_offsets.begin()) -
+            1;
     };
     const int64_t bad_index = *std::min_element(first_bad_index.begin(), first_bad_index.end());
     if (bad_index != INT64_MAX) {

@@ -53,5 +53,4 @@ std::vector<int64_t> exclusive_scan_flags(const uint8_t* flags, int64_t count);
 void sort_keys(std::vector<uint64_t>& keys, int32_t bits);
 void sort_keys(std::vector<Key128>& keys, int32_t bits);
 
-
 }  // namespace sparsegrid::detail::cpu

@@ -91,7 +91,6 @@ CoordBox coordinate_box(const int32_t* ijk, int64_t count) {
     return box;
 }
 
-
 GridTopology finish_topology(Buffer<int32_t> ijk, std::vector<int64_t> offsets, const Context& ctx) {
     GridTopology topology;
     topology.box = coordinate_box(ijk.data(), ijk.size() / 3);
@@ -110,8 +109,9 @@ GridTopology canonical_topology(std::vector<KeyT>& keys, const KeyCodec& codec, 
     // Member m's keys start at m << morton_bits (the member occupies the top bits).
     std::vector<int64_t> offsets(static_cast<size_t>(batch_size) + 1);
     for (int64_t m = 0; m < batch_size; ++m)
-        offsets[m] = std::lower_bound(keys.begin(), keys.end(), static_cast<KeyT>(static_cast<KeyT>(m) << codec.morton_bits())) -
-                     keys.begin();
+        offsets[m] = std::lower_bound(keys.begin(), keys.end(),
+                                      static_cast<KeyT>(static_cast<KeyT>(m) << codec.morton_bits())) -
+            keys.begin();
     offsets[batch_size] = count;
     Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * count, ctx);
     int32_t* out = ijk.data();
@@ -180,18 +180,20 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor) {
     std::vector<Vec3i> child_offsets(static_cast<size_t>(children));
     for (int64_t r = 0; r < children; ++r) {
         const uint64_t code = static_cast<uint64_t>(r);
-        child_offsets[r] = {static_cast<int32_t>(compact_bits3(code >> 2)), static_cast<int32_t>(compact_bits3(code >> 1)),
-                            static_cast<int32_t>(compact_bits3(code))};
+        child_offsets[r] = {static_cast<int32_t>(compact_bits3(code >> 2)),
+                            static_cast<int32_t>(compact_bits3(code >> 1)), static_cast<int32_t>(compact_bits3(code))};
     }
     const int64_t n = grid.num_voxels();
     const Context& ctx = grid.context;
-    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * checked_mul("refined_grid", "output voxel count", n, children), ctx);
+    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * checked_mul("refined_grid", "output voxel count", n, children),
+                                                    ctx);
     int32_t* out = ijk.data();
     const int32_t* in = grid.topology.ijk.data();
     parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
         for (int64_t v = begin; v < end; ++v)
             for (int64_t r = 0; r < children; ++r)
-                for (int a = 0; a < 3; ++a) out[3 * (v * children + r) + a] = factor * in[3 * v + a] + child_offsets[r][a];
+                for (int a = 0; a < 3; ++a)
+                    out[3 * (v * children + r) + a] = factor * in[3 * v + a] + child_offsets[r][a];
     });
     std::vector<int64_t> offsets(grid.topology.offsets.size());
     for (size_t m = 0; m < offsets.size(); ++m) offsets[m] = grid.topology.offsets[m] * children;
@@ -210,7 +212,7 @@ GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor) {
     parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
         for_each_voxel(in_offsets, begin, end, [&](int64_t member, int64_t v) {
             starts[v] = v == in_offsets[member] || parent(v, 0) != parent(v - 1, 0) ||
-                        parent(v, 1) != parent(v - 1, 1) || parent(v, 2) != parent(v - 1, 2);
+                parent(v, 1) != parent(v - 1, 1) || parent(v, 2) != parent(v - 1, 2);
         });
     });
     const std::vector<int64_t> position = exclusive_scan_flags(starts.data(), n);
@@ -314,11 +316,13 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
     checked_mul("conv_grid", "candidate count", grid.num_voxels(), per_voxel);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
-        std::vector<KeyT> keys = collect_keys<KeyT>(grid, per_voxel, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
-            int64_t lo[3], hi[3];
-            for (int a = 0; a < 3; ++a) g.coarse_range(a, v[a], &lo[a], &hi[a]);
-            push_box_keys<KeyT>(codec, member, lo, hi, push);
-        });
+        std::vector<KeyT> keys = collect_keys<KeyT>(grid, per_voxel,
+                                                    [&](int64_t member, int64_t, const int32_t* v, auto& push) {
+                                                        int64_t lo[3], hi[3];
+                                                        for (int a = 0; a < 3; ++a)
+                                                            g.coarse_range(a, v[a], &lo[a], &hi[a]);
+                                                        push_box_keys<KeyT>(codec, member, lo, hi, push);
+                                                    });
         return canonical_topology(keys, codec, grid.batch_size(), grid.context);
     });
 }
@@ -331,14 +335,15 @@ GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g,
     checked_mul("conv_transpose_grid", "candidate count", grid.num_voxels(), volume);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
-        std::vector<KeyT> keys = collect_keys<KeyT>(grid, volume, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
-            for (int32_t t0 = 0; t0 < g.kernel[0]; ++t0)
-                for (int32_t t1 = 0; t1 < g.kernel[1]; ++t1)
-                    for (int32_t t2 = 0; t2 < g.kernel[2]; ++t2)
-                        push(encode_key<KeyT>(codec, member, static_cast<int32_t>(g.fine_of(0, v[0], t0)),
-                                              static_cast<int32_t>(g.fine_of(1, v[1], t1)),
-                                              static_cast<int32_t>(g.fine_of(2, v[2], t2))));
-        });
+        std::vector<KeyT> keys = collect_keys<KeyT>(
+            grid, volume, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
+                for (int32_t t0 = 0; t0 < g.kernel[0]; ++t0)
+                    for (int32_t t1 = 0; t1 < g.kernel[1]; ++t1)
+                        for (int32_t t2 = 0; t2 < g.kernel[2]; ++t2)
+                            push(encode_key<KeyT>(codec, member, static_cast<int32_t>(g.fine_of(0, v[0], t0)),
+                                                  static_cast<int32_t>(g.fine_of(1, v[1], t1)),
+                                                  static_cast<int32_t>(g.fine_of(2, v[2], t2))));
+            });
         return canonical_topology(keys, codec, grid.batch_size(), grid.context);
     });
 }
@@ -349,11 +354,12 @@ GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const 
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
-        std::vector<KeyT> keys = collect_keys<KeyT>(grid, 1, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
-            push(encode_key<KeyT>(codec, member, static_cast<int32_t>(floor_div(v[0], factor[0])),
-                                  static_cast<int32_t>(floor_div(v[1], factor[1])),
-                                  static_cast<int32_t>(floor_div(v[2], factor[2]))));
-        });
+        std::vector<KeyT> keys = collect_keys<KeyT>(
+            grid, 1, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
+                push(encode_key<KeyT>(codec, member, static_cast<int32_t>(floor_div(v[0], factor[0])),
+                                      static_cast<int32_t>(floor_div(v[1], factor[1])),
+                                      static_cast<int32_t>(floor_div(v[2], factor[2]))));
+            });
         return canonical_topology(keys, codec, grid.batch_size(), grid.context);
     });
 }
@@ -366,11 +372,12 @@ GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const Co
     checked_mul("refined_grid", "output voxel count", grid.num_voxels(), children);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
-        std::vector<KeyT> keys = collect_keys<KeyT>(grid, children, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
-            const int64_t lo[3] = {int64_t{factor[0]} * v[0], int64_t{factor[1]} * v[1], int64_t{factor[2]} * v[2]};
-            const int64_t hi[3] = {lo[0] + factor[0] - 1, lo[1] + factor[1] - 1, lo[2] + factor[2] - 1};
-            push_box_keys<KeyT>(codec, member, lo, hi, push);
-        });
+        std::vector<KeyT> keys = collect_keys<KeyT>(
+            grid, children, [&](int64_t member, int64_t, const int32_t* v, auto& push) {
+                const int64_t lo[3] = {int64_t{factor[0]} * v[0], int64_t{factor[1]} * v[1], int64_t{factor[2]} * v[2]};
+                const int64_t hi[3] = {lo[0] + factor[0] - 1, lo[1] + factor[1] - 1, lo[2] + factor[2] - 1};
+                push_box_keys<KeyT>(codec, member, lo, hi, push);
+            });
         return canonical_topology(keys, codec, grid.batch_size(), grid.context);
     });
 }

@@ -21,11 +21,11 @@
 
 #include "cuda/cuda_common.cuh"
 
-#include <cub/block/block_scan.cuh>
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
 #include <cstdlib>
@@ -206,8 +206,7 @@ __device__ __forceinline__ void warp_store(WarpAccumulator<T> (&acc)[2][2], floa
     for (int i = 0; i < 2; ++i)
 #pragma unroll
         for (int j = 0; j < 2; ++j)
-            nvcuda::wmma::store_matrix_sync(c + 16 * i * ldc + 16 * j, acc[i][j], ldc,
-                                            nvcuda::wmma::mem_row_major);
+            nvcuda::wmma::store_matrix_sync(c + 16 * i * ldc + 16 * j, acc[i][j], ldc, nvcuda::wmma::mem_row_major);
 }
 #endif
 
@@ -219,8 +218,8 @@ __device__ __forceinline__ void warp_store(WarpAccumulator<T> (&acc)[2][2], floa
 template <typename T, typename A, int BM, int BN, int BK, int TM, int TN>
 __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
     const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
-    const T* __restrict__ x, const A* __restrict__ packed, T* __restrict__ out, int32_t x_channels,
-    int32_t y_channels, bool vector_x, bool vector_w, bool scatter) {
+    const T* __restrict__ x, const A* __restrict__ packed, T* __restrict__ out, int32_t x_channels, int32_t y_channels,
+    bool vector_x, bool vector_w, bool scatter) {
     constexpr int kColumns = BN / TN;
     constexpr int kThreadCount = (BM / TM) * kColumns;
     constexpr int kRowStride = BM / (TM > 4 ? TM / 4 : 1);  // between a thread's runs of 4 rows (TM = 8)
@@ -307,8 +306,8 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
                     const int kk = idx / BN;
                     const int n = idx % BN;
                     const int k = k0 + kk;
-                    b_tile[kk][n] =
-                        (k < x_channels && n0 + n < y_channels) ? w[int64_t{k} * y_channels + n0 + n] : A(0);
+                    b_tile[kk][n] = (k < x_channels && n0 + n < y_channels) ? w[int64_t{k} * y_channels + n0 + n]
+                                                                            : A(0);
                 }
             }
             __syncthreads();
@@ -347,11 +346,11 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
 /// of BK) on every run, and the same `scatter` mode.
 template <typename T, int BK>
 __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __restrict__ map,
-                                                             const int32_t* __restrict__ order, int64_t rows,
-                                                             int32_t volume, const T* __restrict__ x,
-                                                             const T* __restrict__ packed, T* __restrict__ out,
-                                                             int32_t x_channels, int32_t y_channels,
-                                                             bool vector_x, bool vector_w, bool scatter) {
+                                                              const int32_t* __restrict__ order, int64_t rows,
+                                                              int32_t volume, const T* __restrict__ x,
+                                                              const T* __restrict__ packed, T* __restrict__ out,
+                                                              int32_t x_channels, int32_t y_channels, bool vector_x,
+                                                              bool vector_w, bool scatter) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: tensor_cores_available() is false below compute capability 8.0
 #else
@@ -436,7 +435,8 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
                     const int kk = idx / BN;
                     const int n = idx % BN;
                     b_tile[kk * kLdb + n] = (k0 + kk < x_channels && n0 + n < y_channels)
-                                                ? w[int64_t{k0 + kk} * y_channels + n0 + n] : zero;
+                        ? w[int64_t{k0 + kk} * y_channels + n0 + n]
+                        : zero;
                 }
             }
             __syncthreads();
@@ -492,18 +492,17 @@ bool use_tensor_cores(const Context& ctx) {
 /// Types with a tensor-core kernel.
 template <typename T>
 constexpr bool kHasTensorKernel = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16> ||
-                                  std::is_same_v<T, float>;
+    std::is_same_v<T, float>;
 
 constexpr int kGradScan = 256;
 
 /// partial[chunk][t][ci][co] = sum over the chunk's rows r with an edge at t of x[s, ci] * grad[r, co].
 template <typename T, typename A, int Tile, int BK>
 __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t* __restrict__ map, int64_t rows,
-                                                                  int32_t volume, const T* __restrict__ x,
-                                                                  const T* __restrict__ grad,
-                                                                  A* __restrict__ partial, int32_t in_channels,
-                                                                  int32_t out_channels, int64_t rows_per_chunk,
-                                                                  int32_t tiles_n) {
+                                                                   int32_t volume, const T* __restrict__ x,
+                                                                   const T* __restrict__ grad, A* __restrict__ partial,
+                                                                   int32_t in_channels, int32_t out_channels,
+                                                                   int64_t rows_per_chunk, int32_t tiles_n) {
     constexpr int TM = Tile / 16;  // a 16 x 16 thread grid, TM x TN outputs each
     constexpr int TN = Tile / 16;
     constexpr int kColumns = Tile / TN;
@@ -551,9 +550,10 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
                 const int ci = m0 + c;
                 const int co = n0 + c;
                 a_tile[kk][c] = (valid && ci < in_channels)
-                                    ? to_acc<A>(x[int64_t{edge_source[k0 + kk]} * in_channels + ci]) : A(0);
-                b_tile[kk][c] = (valid && co < out_channels)
-                                    ? to_acc<A>(grad[edge_row[k0 + kk] * out_channels + co]) : A(0);
+                    ? to_acc<A>(x[int64_t{edge_source[k0 + kk]} * in_channels + ci])
+                    : A(0);
+                b_tile[kk][c] = (valid && co < out_channels) ? to_acc<A>(grad[edge_row[k0 + kk] * out_channels + co])
+                                                             : A(0);
             }
             __syncthreads();
             multiply_tiles(a_tile, b_tile, ty * TM, tx * TN, acc);
@@ -579,11 +579,11 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
 /// [in_channels, out_channels], float32 accumulators; edges compacted and consumed in the same order.
 template <typename T>
 __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* __restrict__ map, int64_t rows,
-                                                                int32_t volume, const T* __restrict__ x,
-                                                                const T* __restrict__ grad,
-                                                                float* __restrict__ partial, int32_t in_channels,
-                                                                int32_t out_channels, int64_t rows_per_chunk,
-                                                                int32_t tiles_n, bool vector_x, bool vector_g) {
+                                                                 int32_t volume, const T* __restrict__ x,
+                                                                 const T* __restrict__ grad,
+                                                                 float* __restrict__ partial, int32_t in_channels,
+                                                                 int32_t out_channels, int64_t rows_per_chunk,
+                                                                 int32_t tiles_n, bool vector_x, bool vector_g) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: tensor_cores_available() is false below compute capability 8.0
 #else
@@ -656,8 +656,8 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
             __syncthreads();
 #pragma unroll
             for (int kk = 0; kk < BK; kk += WarpShape<T>::K)
-                warp_multiply<T, wmma::col_major>(acc, a_tile + kk * kLd + warp_m, 16, kLd,
-                                                  b_tile + kk * kLd + warp_n, kLd);
+                warp_multiply<T, wmma::col_major>(acc, a_tile + kk * kLd + warp_m, 16, kLd, b_tile + kk * kLd + warp_n,
+                                                  kLd);
             __syncthreads();
         }
         __syncthreads();  // edge lists and scan storage are reused by the next batch of rows
@@ -726,8 +726,8 @@ void check_sizes(const char* op, int64_t rows, int32_t volume, int64_t x_channel
     if (rows > int64_t{INT32_MAX} * 64)
         throw_error(op, ": ", rows, " rows exceed the CUDA grid limit of ", int64_t{INT32_MAX} * 64);
     if (x_channels > INT32_MAX / 2 || y_channels > 65535LL * 16)
-        throw_error(op, ": channel counts (", x_channels, ", ", y_channels, ") exceed the CUDA limits (",
-                    INT32_MAX / 2, ", ", 65535LL * 16, ")");
+        throw_error(op, ": channel counts (", x_channels, ", ", y_channels, ") exceed the CUDA limits (", INT32_MAX / 2,
+                    ", ", 65535LL * 16, ")");
     if (volume > 65535) throw_error(op, ": kernel volume ", volume, " exceeds the CUDA limit of 65535 taps");
 }
 
@@ -762,11 +762,11 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
             // k steps of 64 in 16 bits where there are 64 channels or more. TF32 keeps 32: with 64 it was
             // slower on an H200 (k3s1 at C = 128 forward 2.13 against 1.98 ms through the PyTorch layer).
             if (sizeof(T) == 2 && x_channels >= 64 && wide_register_tiles())
-                map_conv_tensor_kernel<T, 64><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(),
-                                                                        out, xc, yc, vector_x, vector_w, scatter);
+                map_conv_tensor_kernel<T, 64><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(), out,
+                                                                        xc, yc, vector_x, vector_w, scatter);
             else
-                map_conv_tensor_kernel<T, 32><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(),
-                                                                        out, xc, yc, vector_x, vector_w, scatter);
+                map_conv_tensor_kernel<T, 32><<<grid, 128, 0, stream>>>(map, order, rows, volume, x, packed.data(), out,
+                                                                        xc, yc, vector_x, vector_w, scatter);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
             return;
         }
@@ -781,20 +781,25 @@ void map_convolution_typed(const int32_t* map, const int32_t* order, int64_t row
     const bool wide = wide_register_tiles();
     auto launch = [&](auto depth) {
         constexpr int BK = decltype(depth)::value;
-        if (yc <= 16) return launch_map_conv<T, A, 256, 16, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
-        if (yc <= 32) return launch_map_conv<T, A, 128, 32, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+        if (yc <= 16)
+            return launch_map_conv<T, A, 256, 16, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter,
+                                                            stream);
+        if (yc <= 32)
+            return launch_map_conv<T, A, 128, 32, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter,
+                                                            stream);
         if constexpr (std::is_same_v<A, float>) {
             // k steps of 16 here: with 32 these tiles were slower on an H200 (k2s2 at C = 128 forward 1.79
             // against 1.46 ms).
             if (wide && yc > 64)
-                return launch_map_conv<T, A, 64, 128, 16, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+                return launch_map_conv<T, A, 64, 128, 16, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter,
+                                                                stream);
         }
         launch_map_conv<T, A, 64, 64, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
     };
     if constexpr (std::is_same_v<T, float>) {
         if (wide && xc >= 32) return launch(std::integral_constant<int, 32>{});
     }
-    launch(std::integral_constant<int, sizeof(A) == 8 ? 8 : 16>{});
+    launch(std::integral_constant < int, sizeof(A) == 8 ? 8 : 16 > {});
 }
 
 /// Chunks of rows for the weight gradient: enough blocks to fill a large GPU, at least 1024 rows per
@@ -852,8 +857,8 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
                 const bool vector_a = ca % kVector == 0 && reinterpret_cast<uintptr_t>(gathered) % 16 == 0;
                 const bool vector_b = cb % kVector == 0 && reinterpret_cast<uintptr_t>(per_row) % 16 == 0;
                 weight_grad_tensor_kernel<T><<<grid, 128, 0, stream>>>(map, rows, volume, gathered, per_row,
-                                                                       partial.data(), ca, cb, rows_per_chunk,
-                                                                       columns, vector_a, vector_b);
+                                                                       partial.data(), ca, cb, rows_per_chunk, columns,
+                                                                       vector_a, vector_b);
                 launched = true;
             }
         }
@@ -965,10 +970,9 @@ void map_convolution(const int32_t* map, const int32_t* order, int64_t rows, int
                                      static_cast<const __half*>(weight), transpose_weight, static_cast<__half*>(out),
                                      x_channels, out_channels, scatter, out_rows, ctx);
     case DType::BFloat16:
-        return map_convolution_typed(map, order, rows, volume, static_cast<const __nv_bfloat16*>(x),
-                                     static_cast<const __nv_bfloat16*>(weight), transpose_weight,
-                                     static_cast<__nv_bfloat16*>(out), x_channels, out_channels, scatter, out_rows,
-                                     ctx);
+        return map_convolution_typed(
+            map, order, rows, volume, static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(weight),
+            transpose_weight, static_cast<__nv_bfloat16*>(out), x_channels, out_channels, scatter, out_rows, ctx);
     }
 }
 
@@ -979,8 +983,8 @@ void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, bool 
     switch (dtype) {
     case DType::Float32:
         return map_weight_gradient_typed(map, rows, volume, rows_are_source, static_cast<const float*>(x),
-                                         static_cast<const float*>(grad), static_cast<float*>(grad_weight),
-                                         in_channels, out_channels, ctx);
+                                         static_cast<const float*>(grad), static_cast<float*>(grad_weight), in_channels,
+                                         out_channels, ctx);
     case DType::Float64:
         return map_weight_gradient_typed(map, rows, volume, rows_are_source, static_cast<const double*>(x),
                                          static_cast<const double*>(grad), static_cast<double*>(grad_weight),

@@ -15,19 +15,19 @@
 
 namespace sparsegrid::detail::cuda {
 
-#define SPARSEGRID_CUDA_CHECK(expr)                                                                   \
-    do {                                                                                              \
-        const cudaError_t sg_status = (expr);                                                         \
-        if (sg_status != cudaSuccess)                                                                 \
-            ::sparsegrid::detail::throw_error(#expr, " failed at ", __FILE__, ":", __LINE__, ": ",    \
-                                              cudaGetErrorString(sg_status));                         \
+#define SPARSEGRID_CUDA_CHECK(expr)                                                                \
+    do {                                                                                           \
+        const cudaError_t sg_status = (expr);                                                      \
+        if (sg_status != cudaSuccess)                                                              \
+            ::sparsegrid::detail::throw_error(#expr, " failed at ", __FILE__, ":", __LINE__, ": ", \
+                                              cudaGetErrorString(sg_status));                      \
     } while (0)
 
 /// Checks the last launch; with SPARSEGRID_CUDA_DEBUG=1 in the environment also waits for it, so an
 /// asynchronous fault is reported at the launch that caused it (debug waits are not counted as syncs).
-#define SPARSEGRID_CUDA_CHECK_LAUNCH(stream)                                                          \
-    do {                                                                                              \
-        SPARSEGRID_CUDA_CHECK(cudaGetLastError());                                                    \
+#define SPARSEGRID_CUDA_CHECK_LAUNCH(stream)                                                                        \
+    do {                                                                                                            \
+        SPARSEGRID_CUDA_CHECK(cudaGetLastError());                                                                  \
         if (::sparsegrid::detail::cuda::debug_sync_enabled()) SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(stream)); \
     } while (0)
 
@@ -43,8 +43,8 @@ inline unsigned blocks_for(int64_t n) {
     return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 8 ? 65535 * 8 : blocks));
 }
 
-#define SG_GRID_STRIDE_LOOP(index, n)                                                                 \
-    for (int64_t index = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; index < (n);                 \
+#define SG_GRID_STRIDE_LOOP(index, n)                                                 \
+    for (int64_t index = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; index < (n); \
          index += int64_t{blockDim.x} * gridDim.x)
 
 /// Makes the context's device current for the lifetime of the guard.
@@ -65,8 +65,10 @@ __device__ __forceinline__ int64_t member_of(const int64_t* offsets, int64_t bat
     int64_t lo = 0, hi = batch_size;  // answer in [lo, hi)
     while (hi - lo > 1) {
         const int64_t mid = (lo + hi) / 2;
-        if (offsets[mid] <= n) lo = mid;
-        else hi = mid;
+        if (offsets[mid] <= n)
+            lo = mid;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -76,8 +78,10 @@ template <typename KeyT>
 __device__ __forceinline__ int64_t lower_bound(const KeyT* keys, int64_t lo, int64_t hi, KeyT value) {
     while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
-        if (keys[mid] < value) lo = mid + 1;
-        else hi = mid;
+        if (keys[mid] < value)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }

@@ -11,7 +11,8 @@ template <typename KeyT>
 __global__ void encode_grid_keys_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
                                         KeyCodec codec, KeyT* keys) {
     SG_GRID_STRIDE_LOOP(n, count) {
-        keys[n] = encode_key<KeyT>(codec, member_of(offsets, batch_size, n), ijk[3 * n], ijk[3 * n + 1], ijk[3 * n + 2]);
+        keys[n] = encode_key<KeyT>(codec, member_of(offsets, batch_size, n), ijk[3 * n], ijk[3 * n + 1],
+                                   ijk[3 * n + 2]);
     }
 }
 

@@ -30,9 +30,9 @@ __device__ __forceinline__ int64_t divide(int64_t entry, int32_t divisor) {
 /// the same answers; the table needs fewer dependent memory reads per lookup.
 template <typename KeyT>
 struct DeviceLookup {
-    const KeyT* keys;             ///< sorted keys of the grid (search) or table slots (hash)
-    const int32_t* values;        ///< hash: voxel index per slot; search: null
-    uint64_t mask;                ///< hash: capacity - 1
+    const KeyT* keys;       ///< sorted keys of the grid (search) or table slots (hash)
+    const int32_t* values;  ///< hash: voxel index per slot; search: null
+    uint64_t mask;          ///< hash: capacity - 1
     const int64_t* offsets;
     KeyCodec codec;
     int32_t lo[3];
@@ -163,8 +163,9 @@ __global__ void ijk_to_index_kernel(DeviceLookup<KeyT> lookup, const int32_t* qu
 }
 
 template <typename KeyT>
-__global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* target_ijk, const int64_t* target_offsets,
-                                     int64_t batch_size, int64_t rows, ConvGeometry g, bool forward, int32_t* map) {
+__global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* target_ijk,
+                                     const int64_t* target_offsets, int64_t batch_size, int64_t rows, ConvGeometry g,
+                                     bool forward, int32_t* map) {
     const int32_t volume = g.kernel_volume();
     SG_GRID_STRIDE_LOOP(entry, rows * volume) {
         const int64_t row = divide(entry, volume);
@@ -174,8 +175,10 @@ __global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* t
         bool reachable = true;
         for (int a = 0; a < 3; ++a) {
             const int32_t x = target_ijk[3 * row + a];
-            if (forward) q[a] = g.fine_of(a, x, tap[a]);
-            else reachable = reachable && g.coarse_of(a, x, tap[a], &q[a]);
+            if (forward)
+                q[a] = g.fine_of(a, x, tap[a]);
+            else
+                reachable = reachable && g.coarse_of(a, x, tap[a], &q[a]);
         }
         map[entry] = reachable ? static_cast<int32_t>(lookup.find(member_of(target_offsets, batch_size, row), q)) : -1;
     }
@@ -201,8 +204,10 @@ __global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* i
         int64_t q[3];
         // Stride 1: the transposed direction always divides, with the opposite offset.
         for (int a = 0; a < 3; ++a) {
-            if (forward) q[a] = g.fine_of(a, ijk[3 * row + a], tap[a]);
-            else g.coarse_of(a, ijk[3 * row + a], tap[a], &q[a]);
+            if (forward)
+                q[a] = g.fine_of(a, ijk[3 * row + a], tap[a]);
+            else
+                g.coarse_of(a, ijk[3 * row + a], tap[a], &q[a]);
         }
         const int64_t found = lookup.find(member_of(offsets, batch_size, row), q);
         map[row * volume + t] = static_cast<int32_t>(found);
@@ -283,7 +288,8 @@ Buffer<int32_t> subdivision_map(const GridStorage& coarse) {
     return map;
 }
 
-Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk, const std::vector<int64_t>& query_offsets) {
+Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
+                             const std::vector<int64_t>& query_offsets) {
     const Context& ctx = grid.context;
     DeviceGuard guard(ctx);
     const int64_t count = query_offsets.back();
@@ -338,20 +344,20 @@ PairLists pairs_by_tap_impl(const Buffer<int32_t>& map, int64_t num_target, int3
     Buffer<IndexT> flags = Buffer<IndexT>::allocate(entries + 1, ctx);
     Buffer<IndexT> position = Buffer<IndexT>::allocate(entries + 1, ctx);
     tap_major_flags_kernel<<<blocks_for(entries + 1), kThreads, 0, stream>>>(map.data(), num_target, kernel_volume,
-                                                                           flags.data());
+                                                                             flags.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     {
         TempStorage temp;
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, flags.data(), position.data(),
-                                                            entries + 1, stream));
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, flags.data(), position.data(), entries + 1, stream));
         temp.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags.data(), position.data(),
-                                                            entries + 1, stream));
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags.data(), position.data(), entries + 1, stream));
     }
     flags = Buffer<IndexT>();
     Buffer<int64_t> tap_offsets = Buffer<int64_t>::allocate(kernel_volume + 1, ctx);
     tap_offsets_kernel<<<blocks_for(kernel_volume + 1), kThreads, 0, stream>>>(position.data(), num_target,
-                                                                             kernel_volume, tap_offsets.data());
+                                                                               kernel_volume, tap_offsets.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     Readback readback(ctx);
     const size_t slot = readback.enqueue(tap_offsets.data(), kernel_volume + 1);
@@ -363,8 +369,8 @@ PairLists pairs_by_tap_impl(const Buffer<int32_t>& map, int64_t num_target, int3
     pairs.target_index = Buffer<int32_t>::allocate(total, ctx);
     if (total > 0) {
         pairs_scatter_kernel<<<blocks_for(entries), kThreads, 0, stream>>>(map.data(), position.data(), num_target,
-                                                                         kernel_volume, pairs.source_index.data(),
-                                                                         pairs.target_index.data());
+                                                                           kernel_volume, pairs.source_index.data(),
+                                                                           pairs.target_index.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     return pairs;
@@ -378,15 +384,15 @@ PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t k
     return pairs_by_tap_impl<int64_t>(map, num_target, kernel_volume, ctx);
 }
 
-Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,
-                              int32_t kernel_volume, const Context& ctx) {
+Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source, int32_t kernel_volume,
+                              const Context& ctx) {
     DeviceGuard guard(ctx);
     Buffer<int32_t> result = Buffer<int32_t>::allocate(num_source * kernel_volume, ctx);
     fill_bytes(result.data(), ctx.device, 0xff, static_cast<size_t>(result.size()) * sizeof(int32_t), ctx.stream);
     const int64_t entries = num_target * kernel_volume;
     if (entries > 0) {
         transpose_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(map.data(), num_target,
-                                                                                 kernel_volume, result.data());
+                                                                                   kernel_volume, result.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
     }
     return result;
@@ -397,7 +403,8 @@ int64_t count_edges(const Buffer<int32_t>& map, const Context& ctx) {
     Buffer<unsigned long long> total = Buffer<unsigned long long>::allocate(1, ctx);
     fill_bytes(total.data(), ctx.device, 0, sizeof(unsigned long long), ctx.stream);
     if (map.size() > 0) {
-        count_edges_kernel<<<blocks_for(map.size()), kThreads, 0, stream_of(ctx)>>>(map.data(), map.size(), total.data());
+        count_edges_kernel<<<blocks_for(map.size()), kThreads, 0, stream_of(ctx)>>>(map.data(), map.size(),
+                                                                                    total.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
     }
     Readback readback(ctx);

@@ -73,8 +73,8 @@ constexpr unsigned long long kNoFace = ~0ull;
 /// a vertex index outside its member / with a value problem (index_triangle). Bad faces count 0.
 __global__ void triangles_kernel(const double* vertices, const int64_t* vertex_offsets, const int32_t* faces,
                                  const int64_t* face_offsets, int64_t batch_size, int64_t num_faces,
-                                 const double* transforms, MeshTriangle* triangles, int64_t* counts,
-                                 VoxelRange* ranges, unsigned long long* bad_faces) {
+                                 const double* transforms, MeshTriangle* triangles, int64_t* counts, VoxelRange* ranges,
+                                 unsigned long long* bad_faces) {
     SG_GRID_STRIDE_LOOP(f, num_faces + 1) {
         counts[f] = 0;
         if (f == num_faces) continue;
@@ -125,9 +125,9 @@ __device__ __forceinline__ bool test_candidate(const MeshTriangle* triangles, co
 
 /// block_hits[b] = the hits of block b's slice; block_hits[gridDim.x] = 0 (for the exclusive scan).
 /// Skips the work when a face is bad or the total overflowed: the host raises that after the sync.
-__global__ void __launch_bounds__(kThreads) count_hits_kernel(const MeshTriangle* triangles, const int64_t* starts,
-                                                              int64_t num_faces, const unsigned long long* bad_faces,
-                                                              int64_t* block_hits) {
+__global__ void __launch_bounds__(kThreads)
+    count_hits_kernel(const MeshTriangle* triangles, const int64_t* starts, int64_t num_faces,
+                      const unsigned long long* bad_faces, int64_t* block_hits) {
     using BlockReduce = cub::BlockReduce<int64_t, kThreads>;
     __shared__ typename BlockReduce::TempStorage reduce_storage;
     const int64_t total = starts[num_faces];
@@ -215,8 +215,8 @@ std::vector<T> copy_to_host(const T* device_data, int64_t count, const Context& 
     }
     IndexTriangle tri;
     const TriangleProblem problem = index_triangle(corners.data(), corners.data() + 3, corners.data() + 6,
-                                                   transforms[member].voxel_size.data(), transforms[member].origin.data(),
-                                                   tri);
+                                                   transforms[member].voxel_size.data(),
+                                                   transforms[member].origin.data(), tri);
     throw_mesh_triangle(member, local_face, face.data(), problem);
 }
 

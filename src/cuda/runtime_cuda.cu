@@ -6,8 +6,8 @@
 #include "cuda/cuda_common.cuh"
 
 #include <cstdlib>
-#include <mutex>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 namespace sparsegrid::detail {

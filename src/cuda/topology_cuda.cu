@@ -146,8 +146,9 @@ __global__ void conv_grid_candidates_kernel(const int32_t* ijk, const int64_t* o
         for (int64_t c0 = lo[0]; c0 <= hi[0]; ++c0)
             for (int64_t c1 = lo[1]; c1 <= hi[1]; ++c1)
                 for (int64_t c2 = lo[2]; c2 <= hi[2]; ++c2)
-                    sink.put(first + written++, encode_key<KeyT>(codec, member, static_cast<int32_t>(c0),
-                                                                 static_cast<int32_t>(c1), static_cast<int32_t>(c2)));
+                    sink.put(first + written++,
+                             encode_key<KeyT>(codec, member, static_cast<int32_t>(c0), static_cast<int32_t>(c1),
+                                              static_cast<int32_t>(c2)));
         for (; written < per_voxel; ++written) sink.pad(first + written);
     }
 }
@@ -161,10 +162,11 @@ __global__ void conv_transpose_candidates_kernel(const int32_t* ijk, const int64
         const int64_t n = slot / volume;
         int32_t tap[3];
         g.tap_of(static_cast<int32_t>(slot - n * volume), tap);
-        sink.put(slot, encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
-                                        static_cast<int32_t>(g.fine_of(0, ijk[3 * n], tap[0])),
-                                        static_cast<int32_t>(g.fine_of(1, ijk[3 * n + 1], tap[1])),
-                                        static_cast<int32_t>(g.fine_of(2, ijk[3 * n + 2], tap[2]))));
+        sink.put(slot,
+                 encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
+                                  static_cast<int32_t>(g.fine_of(0, ijk[3 * n], tap[0])),
+                                  static_cast<int32_t>(g.fine_of(1, ijk[3 * n + 1], tap[1])),
+                                  static_cast<int32_t>(g.fine_of(2, ijk[3 * n + 2], tap[2]))));
     }
 }
 
@@ -221,20 +223,21 @@ __global__ void bitmap_emit_kernel(const unsigned long long* words, const int32_
 
 /// Keys of floor(ijk / factor) (general coarsening).
 template <typename KeyT, typename Sink>
-__global__ void coarsen_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
-                                          int64_t count, int3 factor, KeyCodec codec, Sink sink) {
+__global__ void coarsen_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
+                                          int3 factor, KeyCodec codec, Sink sink) {
     SG_GRID_STRIDE_LOOP(n, count) {
-        sink.put(n, encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
-                                     static_cast<int32_t>(floor_div(ijk[3 * n], factor.x)),
-                                     static_cast<int32_t>(floor_div(ijk[3 * n + 1], factor.y)),
-                                     static_cast<int32_t>(floor_div(ijk[3 * n + 2], factor.z))));
+        sink.put(n,
+                 encode_key<KeyT>(codec, member_of(offsets, batch_size, n),
+                                  static_cast<int32_t>(floor_div(ijk[3 * n], factor.x)),
+                                  static_cast<int32_t>(floor_div(ijk[3 * n + 1], factor.y)),
+                                  static_cast<int32_t>(floor_div(ijk[3 * n + 2], factor.z))));
     }
 }
 
 /// Keys of the f-blocks of every voxel (general refinement).
 template <typename KeyT, typename Sink>
-__global__ void refine_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
-                                         int64_t count, int3 factor, KeyCodec codec, Sink sink) {
+__global__ void refine_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
+                                         int3 factor, KeyCodec codec, Sink sink) {
     const int64_t children = int64_t{factor.x} * factor.y * factor.z;
     SG_GRID_STRIDE_LOOP(slot, count * children) {
         const int64_t n = slot / children;
@@ -242,8 +245,9 @@ __global__ void refine_candidates_kernel(const int32_t* ijk, const int64_t* offs
         const int32_t a2 = static_cast<int32_t>(r % factor.z);
         const int32_t a1 = static_cast<int32_t>((r / factor.z) % factor.y);
         const int32_t a0 = static_cast<int32_t>(r / (int64_t{factor.y} * factor.z));
-        sink.put(slot, encode_key<KeyT>(codec, member_of(offsets, batch_size, n), factor.x * ijk[3 * n] + a0,
-                                        factor.y * ijk[3 * n + 1] + a1, factor.z * ijk[3 * n + 2] + a2));
+        sink.put(slot,
+                 encode_key<KeyT>(codec, member_of(offsets, batch_size, n), factor.x * ijk[3 * n] + a0,
+                                  factor.y * ijk[3 * n + 1] + a1, factor.z * ijk[3 * n + 2] + a2));
     }
 }
 
@@ -275,7 +279,8 @@ __global__ void coarsen_starts_kernel(const int32_t* ijk, const int64_t* offsets
         }
         const int64_t member = member_of(offsets, batch_size, n);
         bool start = n == offsets[member];
-        for (int a = 0; a < 3 && !start; ++a) start = (ijk[3 * n + a] >> log2_factor) != (ijk[3 * n - 3 + a] >> log2_factor);
+        for (int a = 0; a < 3 && !start; ++a)
+            start = (ijk[3 * n + a] >> log2_factor) != (ijk[3 * n - 3 + a] >> log2_factor);
         starts[n] = start;
     }
 }
@@ -291,13 +296,15 @@ __global__ void coarsen_scatter_kernel(const int32_t* ijk, const IndexT* starts,
 
 /// Gathers offsets[m] = position[in_offsets[m]].
 template <typename IndexT>
-__global__ void gather_offsets_kernel(const IndexT* position, const int64_t* in_offsets, int64_t entries, int64_t* out) {
+__global__ void gather_offsets_kernel(const IndexT* position, const int64_t* in_offsets, int64_t entries,
+                                      int64_t* out) {
     SG_GRID_STRIDE_LOOP(m, entries) { out[m] = position[in_offsets[m]]; }
 }
 
 /// Mask flags for pruning, with the box of the kept voxels.
 template <typename IndexT>
-__global__ void prune_flags_kernel(const int32_t* ijk, const uint8_t* mask, int64_t count, IndexT* flags, int32_t* box) {
+__global__ void prune_flags_kernel(const int32_t* ijk, const uint8_t* mask, int64_t count, IndexT* flags,
+                                   int32_t* box) {
     for (int64_t base = int64_t{blockIdx.x} * blockDim.x; base <= count; base += int64_t{blockDim.x} * gridDim.x) {
         const int64_t n = base + threadIdx.x;
         const bool keep = n < count && mask[n] != 0;
@@ -369,11 +376,11 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     Buffer<int64_t> unique_count = Buffer<int64_t>::allocate(1, ctx);
     {
         TempStorage temp;
-        SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, temp.bytes, keys.data(), sorted.data(), n, 0,
-                                                             end_bit, stream));
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceRadixSort::SortKeys(nullptr, temp.bytes, keys.data(), sorted.data(), n, 0, end_bit, stream));
         temp.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp.data(), temp.bytes, keys.data(), sorted.data(), n,
-                                                             0, end_bit, stream));
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceRadixSort::SortKeys(temp.data(), temp.bytes, keys.data(), sorted.data(), n, 0, end_bit, stream));
     }
     keys = Buffer<KeyT>();  // the candidates are no longer needed
     {
@@ -386,8 +393,8 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     }
     sorted = Buffer<KeyT>();
     Buffer<int64_t> offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
-    member_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(unique.data(), unique_count.data(),
-                                                                             codec, batch_size, offsets_buffer.data());
+    member_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(
+        unique.data(), unique_count.data(), codec, batch_size, offsets_buffer.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     Readback readback(ctx);
     const size_t slot = readback.enqueue(offsets_buffer.data(), batch_size + 1);
@@ -399,7 +406,8 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     topology.box = box;
     if (!box_exact) {
         const std::vector<int32_t> exact = readback.get<int32_t>(box_slot, 6);
-        topology.box = count == 0 ? CoordBox{} : CoordBox{{exact[0], exact[1], exact[2]}, {exact[3], exact[4], exact[5]}};
+        topology.box = count == 0 ? CoordBox{}
+                                  : CoordBox{{exact[0], exact[1], exact[2]}, {exact[3], exact[4], exact[5]}};
     }
     topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
     if (count > 0) {
@@ -433,8 +441,8 @@ GridTopology canonical_from_bitmap(const Buffer<unsigned long long>& words, cons
         SPARSEGRID_CUDA_CHECK(
             cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, counts.data(), position.data(), chunks + 1, stream));
         temp.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, counts.data(), position.data(),
-                                                            chunks + 1, stream));
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, counts.data(), position.data(), chunks + 1, stream));
     }
     GridTopology topology;
     topology.offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
@@ -449,7 +457,7 @@ GridTopology canonical_from_bitmap(const Buffer<unsigned long long>& words, cons
     topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
     if (count > 0) {
         bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(words.data(), position.data(), num_words,
-                                                                         codec, topology.ijk.data());
+                                                                           codec, topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     topology.box = box;
@@ -474,7 +482,8 @@ GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64
         const int64_t bits = int64_t{1} << codec.total_bits();
         const int64_t num_words = std::max<int64_t>(kChunkWords, bits / 64);
         Buffer<unsigned long long> words = Buffer<unsigned long long>::allocate(num_words, ctx);
-        fill_bytes(words.data(), ctx.device, 0, static_cast<size_t>(num_words) * sizeof(unsigned long long), ctx.stream);
+        fill_bytes(words.data(), ctx.device, 0, static_cast<size_t>(num_words) * sizeof(unsigned long long),
+                   ctx.stream);
         if (slots > 0) launch(uint64_t{}, BitmapSink{words.data()});
         return canonical_from_bitmap(words, codec, grid.batch_size(), box, ctx);
     }
@@ -496,13 +505,13 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor, cons
     topology.ijk = Buffer<int32_t>::allocate(3 * checked_mul("refined_grid", "output voxel count", n, children), ctx);
     if (n > 0) {
         subdivide_kernel<<<blocks_for(n * children), kThreads, 0, stream>>>(grid.topology.ijk.data(), n, log2_factor,
-                                                                          topology.ijk.data());
+                                                                            topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     const int64_t entries = grid.batch_size() + 1;
     topology.offsets_buffer = Buffer<int64_t>::allocate(entries, ctx);
     scale_offsets_kernel<<<blocks_for(entries), kThreads, 0, stream>>>(grid.topology.offsets_buffer.data(), entries,
-                                                                     children, topology.offsets_buffer.data());
+                                                                       children, topology.offsets_buffer.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     topology.offsets.resize(static_cast<size_t>(entries));
     for (int64_t m = 0; m < entries; ++m) topology.offsets[m] = grid.topology.offsets[m] * children;
@@ -516,7 +525,8 @@ void exclusive_scan(const IndexT* flags, IndexT* position, int64_t entries, cons
     TempStorage temp;
     SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, flags, position, entries, stream_of(ctx)));
     temp.ensure(ctx);
-    SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags, position, entries, stream_of(ctx)));
+    SPARSEGRID_CUDA_CHECK(
+        cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags, position, entries, stream_of(ctx)));
 }
 
 /// Coarsening by 2^p of a grid in voxel order: parents are non-decreasing, so a scan of "new parent"
@@ -544,8 +554,8 @@ GridTopology coarsen_sorted_impl(const GridStorage& grid, int32_t log2_factor, c
     topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
     topology.ijk = Buffer<int32_t>::allocate(3 * topology.offsets.back(), ctx);
     if (n > 0) {
-        coarsen_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), starts.data(),
-                                                                     position.data(), n, log2_factor, topology.ijk.data());
+        coarsen_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+            grid.topology.ijk.data(), starts.data(), position.data(), n, log2_factor, topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     topology.box = out_box;
@@ -557,7 +567,6 @@ GridTopology coarsen_sorted(const GridStorage& grid, int32_t log2_factor, const 
     if (grid.num_voxels() < INT32_MAX) return coarsen_sorted_impl<int32_t>(grid, log2_factor, out_box);
     return coarsen_sorted_impl<int64_t>(grid, log2_factor, out_box);
 }
-
 
 }  // namespace
 
@@ -589,11 +598,11 @@ GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offs
     Buffer<int64_t> unique_count = Buffer<int64_t>::allocate(1, ctx);
     {
         TempStorage temp;
-        SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(nullptr, temp.bytes, keys.data(), sorted.data(), count, 0,
-                                                             end_bit, stream));
+        SPARSEGRID_CUDA_CHECK(
+            cub::DeviceRadixSort::SortKeys(nullptr, temp.bytes, keys.data(), sorted.data(), count, 0, end_bit, stream));
         temp.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp.data(), temp.bytes, keys.data(), sorted.data(),
-                                                             count, 0, end_bit, stream));
+        SPARSEGRID_CUDA_CHECK(cub::DeviceRadixSort::SortKeys(temp.data(), temp.bytes, keys.data(), sorted.data(), count,
+                                                             0, end_bit, stream));
         TempStorage select;
         SPARSEGRID_CUDA_CHECK(cub::DeviceSelect::Unique(nullptr, select.bytes, sorted.data(), unique.data(),
                                                         unique_count.data(), count, stream));
@@ -603,7 +612,7 @@ GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offs
     }
     Buffer<int64_t> out_offsets = Buffer<int64_t>::allocate(batch_size + 1, ctx);
     member_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(unique.data(), unique_count.data(),
-                                                                             codec, batch_size, out_offsets.data());
+                                                                               codec, batch_size, out_offsets.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     Readback readback(ctx);
     const size_t offsets_slot = readback.enqueue(out_offsets.data(), batch_size + 1);
@@ -621,9 +630,9 @@ GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offs
         return with_key_type(wide, [&](auto key_tag) {
             using KeyT = decltype(key_tag);
             Buffer<KeyT> wide_keys = Buffer<KeyT>::allocate(count, ctx);
-            encode_input_kernel<KeyT><<<blocks_for(count), kThreads, 0, stream>>>(
-                ijk, offsets_buffer.data(), batch_size, count, wide, wide_keys.data(), box_flag.data(),
-                box_flag.data() + 6);
+            encode_input_kernel<KeyT>
+                <<<blocks_for(count), kThreads, 0, stream>>>(ijk, offsets_buffer.data(), batch_size, count, wide,
+                                                             wide_keys.data(), box_flag.data(), box_flag.data() + 6);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
             return canonical_topology(wide_keys, wide, batch_size, box, true, ctx);
         });
@@ -634,7 +643,7 @@ GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offs
     topology.ijk = Buffer<int32_t>::allocate(3 * unique_total, ctx);
     if (unique_total > 0) {
         decode_kernel<<<blocks_for(unique_total), kThreads, 0, stream>>>(unique.data(), unique_total, codec,
-                                                                       topology.ijk.data());
+                                                                         topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     topology.offsets_buffer = std::move(out_offsets);
@@ -660,8 +669,8 @@ Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& off
     Buffer<unsigned long long> bad = Buffer<unsigned long long>::allocate(1, ctx);
     fill_bytes(bad.data(), ctx.device, 0xff, sizeof(unsigned long long), ctx.stream);
     if (count > 0) {
-        points_to_ijk_kernel<<<blocks_for(count), kThreads, 0, stream>>>(xyz, offsets_buffer.data(), batch_size, count,
-                                                                       transforms_buffer.data(), ijk.data(), bad.data());
+        points_to_ijk_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+            xyz, offsets_buffer.data(), batch_size, count, transforms_buffer.data(), ijk.data(), bad.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     Readback readback(ctx);
@@ -733,7 +742,8 @@ GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const Co
     if (uniform_power_of_two(factor, &log2_factor)) return subdivide_sorted(grid, log2_factor, out_box);
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t n = grid.num_voxels();
-    const int64_t slots = checked_mul("refined_grid", "output voxel count", n, int64_t{factor[0]} * factor[1] * factor[2]);
+    const int64_t slots = checked_mul("refined_grid", "output voxel count", n,
+                                      int64_t{factor[0]} * factor[1] * factor[2]);
     return generate_grid(grid, codec, slots, out_box, true, [&](auto key_tag, auto sink) {
         using KeyT = decltype(key_tag);
         refine_candidates_kernel<KeyT><<<blocks_for(slots), kThreads, 0, stream_of(grid.context)>>>(
@@ -758,7 +768,7 @@ GridTopology pruned_grid_impl(const GridStorage& grid, const uint8_t* mask) {
     init_box_kernel<<<1, 32, 0, stream>>>(box_flag.data(), box_flag.data() + 6);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     prune_flags_kernel<<<blocks_for(n + 1), kThreads, 0, stream>>>(grid.topology.ijk.data(), mask, n, flags.data(),
-                                                                 box_flag.data());
+                                                                   box_flag.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     exclusive_scan(flags.data(), position.data(), n + 1, ctx);
     GridTopology topology;
@@ -780,7 +790,7 @@ GridTopology pruned_grid_impl(const GridStorage& grid, const uint8_t* mask) {
     topology.ijk = Buffer<int32_t>::allocate(3 * kept, ctx);
     if (n > 0) {
         prune_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), mask, position.data(), n,
-                                                                   topology.ijk.data());
+                                                                     topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     return topology;

@@ -73,8 +73,7 @@ c10::Device torch_device(const sparsegrid::Device& device) {
 
 /// A concrete device: "cuda" without an index means PyTorch's current CUDA device.
 c10::Device concrete_device(c10::Device device) {
-    if (device.is_cuda() && !device.has_index())
-        return c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice();
+    if (device.is_cuda() && !device.has_index()) return c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).getDevice();
     return device;
 }
 
@@ -97,9 +96,12 @@ void* native_stream_handle(const S& stream, const char* op) {
     } else if constexpr (HasStreamHandle<S>::value) {
         return stream.stream_handle();
     } else {
-        fail(op, ": CUDA tensors need the native handle of PyTorch's current stream (c10::Stream::native_handle()), "
-                 "which LibTorch ", TORCH_VERSION, " does not provide; build the PyTorch layer against a torch 2.x "
-                 "that has it");
+        fail(op,
+             ": CUDA tensors need the native handle of PyTorch's current stream (c10::Stream::native_handle()), "
+             "which LibTorch ",
+             TORCH_VERSION,
+             " does not provide; build the PyTorch layer against a torch 2.x "
+             "that has it");
     }
 }
 
@@ -184,8 +186,7 @@ public:
         }
         try {
             block.clear();  // back to the cache, outside the lock
-        } catch (...) {
-        }
+        } catch (...) {}
     }
 
 private:
@@ -236,8 +237,7 @@ public:
             c10::Event outputs_ready(c10::DeviceType::CUDA);
             outputs_ready.record(*m_core);
             outputs_ready.block(*m_caller);
-        } catch (...) {
-        }
+        } catch (...) {}
     }
     CoreScope(const CoreScope&) = delete;
     CoreScope& operator=(const CoreScope&) = delete;
@@ -264,8 +264,8 @@ void check_device(const torch::Tensor& t, const sparsegrid::Device& device, cons
 }
 
 Vec3i triple(const std::vector<int64_t>& values, const char* op, const char* name) {
-    if (values.size() == 1) return {static_cast<int32_t>(values[0]), static_cast<int32_t>(values[0]),
-                                    static_cast<int32_t>(values[0])};
+    if (values.size() == 1)
+        return {static_cast<int32_t>(values[0]), static_cast<int32_t>(values[0]), static_cast<int32_t>(values[0])};
     if (values.size() != 3) fail(op, ": ", name, " must have 1 or 3 entries, got ", values.size());
     for (int64_t v : values)
         if (v < INT32_MIN || v > INT32_MAX) fail(op, ": ", name, " entries must fit int32, got ", v);
@@ -278,24 +278,27 @@ torch::Tensor tensor_of(const sparsegrid::Buffer<T>& buffer, std::vector<int64_t
     const torch::TensorOptions options = torch::dtype(dtype).device(torch_device(buffer.device()));
     if (buffer.size() == 0) return torch::empty(shape, options);
     auto keep = std::make_shared<sparsegrid::Buffer<T>>(buffer);
-    return torch::from_blob(buffer.data(), shape, [keep](void*) mutable { keep.reset(); }, options);
+    return torch::from_blob(
+        buffer.data(), shape, [keep](void*) mutable { keep.reset(); }, options);
 }
 
 /// The element type of a convolution operand: float32 and float64 everywhere, float16 and bfloat16 on
 /// CUDA (accumulated in float32 by the core).
 sparsegrid::DType dtype_of(const torch::Tensor& t, const char* op, const char* name) {
     switch (t.scalar_type()) {
-        case torch::kFloat32: return sparsegrid::DType::Float32;
-        case torch::kFloat64: return sparsegrid::DType::Float64;
-        case torch::kFloat16:
-        case torch::kBFloat16:
-            if (!t.device().is_cuda())
-                fail(op, ": ", name, " is ", c10::toString(t.scalar_type()), " on ", t.device().str(),
-                     "; float16 and bfloat16 run on CUDA only, use float32 or float64 on the CPU");
-            return t.scalar_type() == torch::kFloat16 ? sparsegrid::DType::Float16 : sparsegrid::DType::BFloat16;
-        default:
-            fail(op, ": ", name, " must be float32 or float64 (or float16 / bfloat16 on CUDA), got ",
-                 c10::toString(t.scalar_type()));
+    case torch::kFloat32:
+        return sparsegrid::DType::Float32;
+    case torch::kFloat64:
+        return sparsegrid::DType::Float64;
+    case torch::kFloat16:
+    case torch::kBFloat16:
+        if (!t.device().is_cuda())
+            fail(op, ": ", name, " is ", c10::toString(t.scalar_type()), " on ", t.device().str(),
+                 "; float16 and bfloat16 run on CUDA only, use float32 or float64 on the CPU");
+        return t.scalar_type() == torch::kFloat16 ? sparsegrid::DType::Float16 : sparsegrid::DType::BFloat16;
+    default:
+        fail(op, ": ", name, " must be float32 or float64 (or float16 / bfloat16 on CUDA), got ",
+             c10::toString(t.scalar_type()));
     }
 }
 
@@ -309,9 +312,8 @@ class ConvolutionTimer {
 public:
     ConvolutionTimer() : m_start(std::chrono::steady_clock::now()) {}
     ~ConvolutionTimer() {
-        g_convolution_nanoseconds += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                         std::chrono::steady_clock::now() - m_start)
-                                         .count();
+        g_convolution_nanoseconds +=
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - m_start).count();
     }
 
 private:
@@ -345,8 +347,8 @@ struct GridBatchHolder : torch::CustomClassHolder {
         check_tensor(ijk, op, "ijk", torch::kInt32, 2);
         if (ijk.size(1) != 3) fail(op, ": ijk must have shape [N, 3], got [", ijk.size(0), ", ", ijk.size(1), "]");
         const std::vector<int64_t> offsets_host = offsets_vector(offsets, ijk, op);
-        const std::vector<sparsegrid::MemberTransform> transforms =
-            transforms_of(voxel_sizes, origins, ijk, static_cast<int64_t>(offsets_host.size()) - 1, op);
+        const std::vector<sparsegrid::MemberTransform> transforms = transforms_of(
+            voxel_sizes, origins, ijk, static_cast<int64_t>(offsets_host.size()) - 1, op);
         const torch::Tensor contiguous = ijk.contiguous();
         const sparsegrid::Context ctx = context_of(ijk, op, "ijk");
         const CoreScope scope(ctx);
@@ -362,14 +364,14 @@ struct GridBatchHolder : torch::CustomClassHolder {
         check_tensor(xyz, op, "xyz", torch::kFloat64, 2);
         if (xyz.size(1) != 3) fail(op, ": xyz must have shape [N, 3], got [", xyz.size(0), ", ", xyz.size(1), "]");
         const std::vector<int64_t> offsets_host = offsets_vector(offsets, xyz, op);
-        const std::vector<sparsegrid::MemberTransform> transforms =
-            transforms_of(voxel_sizes, origins, xyz, static_cast<int64_t>(offsets_host.size()) - 1, op);
+        const std::vector<sparsegrid::MemberTransform> transforms = transforms_of(
+            voxel_sizes, origins, xyz, static_cast<int64_t>(offsets_host.size()) - 1, op);
         const torch::Tensor contiguous = xyz.contiguous();
         const sparsegrid::Context ctx = context_of(xyz, op, "xyz");
         const CoreScope scope(ctx);
         return wrap(sparsegrid::GridBatch::from_points(
-            sparsegrid::Span<const double>(contiguous.data_ptr<double>(), contiguous.numel()), offsets_host,
-            transforms, ctx));
+            sparsegrid::Span<const double>(contiguous.data_ptr<double>(), contiguous.numel()), offsets_host, transforms,
+            ctx));
     }
 
     /// From triangle meshes: vertices [V, 3] float64 and faces [F, 3] int32 (member-local indices, on
@@ -386,8 +388,8 @@ struct GridBatchHolder : torch::CustomClassHolder {
                  "; give both on the same device");
         const std::vector<int64_t> vertex_offsets_host = offsets_vector(vertex_offsets, vertices, op, "vertex_offsets");
         const std::vector<int64_t> face_offsets_host = offsets_vector(face_offsets, vertices, op, "face_offsets");
-        const std::vector<sparsegrid::MemberTransform> transforms =
-            transforms_of(voxel_sizes, origins, vertices, static_cast<int64_t>(face_offsets_host.size()) - 1, op);
+        const std::vector<sparsegrid::MemberTransform> transforms = transforms_of(
+            voxel_sizes, origins, vertices, static_cast<int64_t>(face_offsets_host.size()) - 1, op);
         const torch::Tensor v = vertices.contiguous(), f = faces.contiguous();
         const sparsegrid::Context ctx = context_of(vertices, op, "vertices");
         const CoreScope scope(ctx);
@@ -404,9 +406,9 @@ struct GridBatchHolder : torch::CustomClassHolder {
     }
 
     static std::vector<sparsegrid::MemberTransform> transforms_of(const torch::Tensor& voxel_sizes,
-                                                                 const torch::Tensor& origins,
-                                                                 const torch::Tensor& data, int64_t batch_size,
-                                                                 const char* op) {
+                                                                  const torch::Tensor& origins,
+                                                                  const torch::Tensor& data, int64_t batch_size,
+                                                                  const char* op) {
         check_tensor(voxel_sizes, op, "voxel_sizes", torch::kFloat64, 2);
         check_tensor(origins, op, "origins", torch::kFloat64, 2);
         for (const auto& [t, name] : {std::pair{voxel_sizes, "voxel_sizes"}, std::pair{origins, "origins"}})
@@ -453,9 +455,9 @@ struct GridBatchHolder : torch::CustomClassHolder {
         const torch::Tensor moved = ijk().to(target).contiguous();
         const sparsegrid::Context ctx = context_of(moved, op, "device");
         const CoreScope scope(ctx);
-        return wrap(sparsegrid::GridBatch::from_ijk(
-            sparsegrid::Span<const int32_t>(moved.data_ptr<int32_t>(), moved.numel()), grid.voxel_offsets(),
-            grid.transforms(), ctx));
+        return wrap(
+            sparsegrid::GridBatch::from_ijk(sparsegrid::Span<const int32_t>(moved.data_ptr<int32_t>(), moved.numel()),
+                                            grid.voxel_offsets(), grid.transforms(), ctx));
     }
 
     Ptr conv_grid(std::vector<int64_t> k, std::vector<int64_t> s) const {
@@ -507,13 +509,14 @@ struct GridBatchHolder : torch::CustomClassHolder {
     torch::Tensor ijk_to_index(torch::Tensor query, torch::Tensor query_offsets) const {
         constexpr const char* op = "GridBatch.ijk_to_index";
         check_tensor(query, op, "query", torch::kInt32, 2);
-        if (query.size(1) != 3) fail(op, ": query must have shape [Q, 3], got [", query.size(0), ", ", query.size(1), "]");
+        if (query.size(1) != 3)
+            fail(op, ": query must have shape [Q, 3], got [", query.size(0), ", ", query.size(1), "]");
         check_device(query, grid.device(), op, "query");
         const std::vector<int64_t> offsets_host = offsets_vector(query_offsets, query, op, "query_offsets");
         const torch::Tensor q = query.contiguous();
         const CoreScope scope(grid.context());
-        const sparsegrid::Buffer<int64_t> result =
-            grid.ijk_to_index(sparsegrid::Span<const int32_t>(q.data_ptr<int32_t>(), q.numel()), offsets_host);
+        const sparsegrid::Buffer<int64_t> result = grid.ijk_to_index(
+            sparsegrid::Span<const int32_t>(q.data_ptr<int32_t>(), q.numel()), offsets_host);
         return tensor_of(result, {q.size(0)}, torch::kInt64);
     }
 
@@ -535,7 +538,8 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
     /// the source grid's device; a target must be there too.
     static Ptr make(GridBatchHolder::Ptr source, std::vector<int64_t> k, std::vector<int64_t> s,
                     c10::optional<GridBatchHolder::Ptr> target, bool transposed) {
-        const Vec3i kernel = triple(k, "ConvolutionPlan", "kernel_size"), stride = triple(s, "ConvolutionPlan", "stride");
+        const Vec3i kernel = triple(k, "ConvolutionPlan", "kernel_size"),
+                    stride = triple(s, "ConvolutionPlan", "stride");
         if (target && (*target)->grid.device() != source->grid.device())
             fail("ConvolutionPlan: target is on ", (*target)->grid.device().str(), " but the source grid is on ",
                  source->grid.device().str(), "; move it there first (.to(\"", source->grid.device().str(), "\"))");
@@ -565,11 +569,13 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
 
     /// Weight [Cout, Cin, K0, K1, K2] against the plan's kernel size and the feature channels.
     void check_weight(const torch::Tensor& weight, int64_t in_channels, const char* op) const {
-        if (weight.dim() != 5) fail(op, ": weight must have shape [Cout, Cin, K0, K1, K2], got ", weight.dim(), " dimensions");
+        if (weight.dim() != 5)
+            fail(op, ": weight must have shape [Cout, Cin, K0, K1, K2], got ", weight.dim(), " dimensions");
         const Vec3i& k = plan.kernel_size();
         if (weight.size(1) != in_channels || weight.size(2) != k[0] || weight.size(3) != k[1] || weight.size(4) != k[2])
             fail(op, ": weight must have shape [Cout, ", in_channels, ", ", k[0], ", ", k[1], ", ", k[2], "], got [",
-                 weight.size(0), ", ", weight.size(1), ", ", weight.size(2), ", ", weight.size(3), ", ", weight.size(4), "]");
+                 weight.size(0), ", ", weight.size(1), ", ", weight.size(2), ", ", weight.size(3), ", ", weight.size(4),
+                 "]");
         check_device(weight, plan.source_grid().device(), op, "weight");
     }
 
@@ -579,7 +585,7 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
     sparsegrid::Context execution_context(sparsegrid::DType dtype) const {
         sparsegrid::Context ctx = plan.target_grid().context();
         ctx.allow_tf32 = dtype == sparsegrid::DType::Float32 && ctx.device.is_cuda() &&
-                         at::globalContext().allowTF32CuBLAS();
+            at::globalContext().allowTF32CuBLAS();
         return ctx;
     }
 
@@ -648,7 +654,8 @@ struct ConvolutionPlanHolder : torch::CustomClassHolder {
 /// Surface voxels of `batch_size` procedural closed shapes at `resolution` (shapes.h): ijk [N, 3] int32
 /// and member offsets [B+1] int64 on the CPU, member-major (each member in the generator's order).
 std::tuple<torch::Tensor, torch::Tensor> synthetic_surface_batch(int64_t batch_size, int64_t resolution, int64_t seed) {
-    if (resolution < 1 || resolution > INT32_MAX) fail("synthetic_surface_batch: resolution must be >= 1, got ", resolution);
+    if (resolution < 1 || resolution > INT32_MAX)
+        fail("synthetic_surface_batch: resolution must be >= 1, got ", resolution);
     const auto members = sparsegrid::synthetic_surface_batch(batch_size, static_cast<int32_t>(resolution),
                                                              static_cast<uint64_t>(seed));
     std::vector<int64_t> offsets{0};
@@ -694,7 +701,8 @@ public:
 /// device, same dtype: float32 / float64, or float16 / bfloat16 on CUDA. When no gradient can be
 /// asked for (grad mode off, or neither features nor weight requires one) it runs the forward pass
 /// without an autograd node, as PyTorch's own operators do (saves the node's host cost at inference).
-torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight, c10::intrusive_ptr<ConvolutionPlanHolder> plan) {
+torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight,
+                          c10::intrusive_ptr<ConvolutionPlanHolder> plan) {
     if (!at::GradMode::is_enabled() || !(features.requires_grad() || weight.requires_grad()))
         return plan->forward(features, weight);
     return SparseConvFunction::apply(features, weight, plan);
@@ -703,7 +711,8 @@ torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight, c10::int
 /// A triangle mesh file (load_mesh): vertices [V, 3] float64 and faces [F, 3] int32, on the CPU.
 std::tuple<torch::Tensor, torch::Tensor> load_mesh(std::string path) {
     const sparsegrid::TriangleMesh mesh = sparsegrid::load_mesh(path);
-    torch::Tensor vertices = torch::empty({static_cast<int64_t>(mesh.vertices.size()), 3}, torch::dtype(torch::kFloat64));
+    torch::Tensor vertices = torch::empty({static_cast<int64_t>(mesh.vertices.size()), 3},
+                                          torch::dtype(torch::kFloat64));
     torch::Tensor faces = torch::empty({static_cast<int64_t>(mesh.faces.size()), 3}, torch::dtype(torch::kInt32));
     for (size_t i = 0; i < mesh.vertices.size(); ++i)
         for (int a = 0; a < 3; ++a) vertices.data_ptr<double>()[3 * i + a] = mesh.vertices[i][a];

@@ -149,8 +149,7 @@ OracleBatch oracle_dilated_grid(const OracleBatch& grid, int64_t distance) {
         for (const Coord64& c : grid[m])
             for (int64_t di = -distance; di <= distance; ++di)
                 for (int64_t dj = -distance; dj <= distance; ++dj)
-                    for (int64_t dk = -distance; dk <= distance; ++dk)
-                        out[m].insert({c[0] + di, c[1] + dj, c[2] + dk});
+                    for (int64_t dk = -distance; dk <= distance; ++dk) out[m].insert({c[0] + di, c[1] + dj, c[2] + dk});
     return out;
 }
 

@@ -83,8 +83,8 @@ template <typename T>
 ::testing::AssertionResult same_values(const std::string& what, const std::vector<T>& cpu, const std::vector<T>& cuda,
                                        int64_t row_width = 1) {
     if (cpu.size() != cuda.size())
-        return ::testing::AssertionFailure() << what << ": " << cuda.size() << " values on CUDA, " << cpu.size()
-                                             << " on the CPU";
+        return ::testing::AssertionFailure()
+            << what << ": " << cuda.size() << " values on CUDA, " << cpu.size() << " on the CPU";
     const auto [at_cpu, at_cuda] = std::mismatch(cpu.begin(), cpu.end(), cuda.begin());
     if (at_cpu == cpu.end()) return ::testing::AssertionSuccess();
     const int64_t at = at_cpu - cpu.begin();
@@ -112,7 +112,8 @@ template <typename T>
     if (cuda.num_voxels() > 0)
         if (auto r = on_devices("ijk()", cpu.ijk().device(), cuda.ijk().device()); !r) return r;
     if (cpu.batch_size() != cuda.batch_size())
-        return ::testing::AssertionFailure() << "batch_size: CUDA " << cuda.batch_size() << ", CPU " << cpu.batch_size();
+        return ::testing::AssertionFailure()
+            << "batch_size: CUDA " << cuda.batch_size() << ", CPU " << cpu.batch_size();
     if (auto r = same_values("voxel_offsets()", cpu.voxel_offsets(), cuda.voxel_offsets()); !r) return r;
     if (auto r = same_values("voxel_offsets_buffer()", cpu.voxel_offsets(), cuda.voxel_offsets_buffer().to_host()); !r)
         return r;
@@ -120,17 +121,18 @@ template <typename T>
     const sparsegrid::CoordBox& cpu_box = cpu.coordinate_box();
     const sparsegrid::CoordBox& cuda_box = cuda.coordinate_box();
     if (cpu_box.lo != cuda_box.lo || cpu_box.hi != cuda_box.hi)
-        return ::testing::AssertionFailure() << "coordinate_box(): CUDA " << str(cuda_box.lo) << ".." << str(cuda_box.hi)
-                                             << ", CPU " << str(cpu_box.lo) << ".." << str(cpu_box.hi);
+        return ::testing::AssertionFailure()
+            << "coordinate_box(): CUDA " << str(cuda_box.lo) << ".." << str(cuda_box.hi) << ", CPU " << str(cpu_box.lo)
+            << ".." << str(cpu_box.hi);
     if (cpu.transforms().size() != cuda.transforms().size())
-        return ::testing::AssertionFailure() << "transforms(): " << cuda.transforms().size() << " on CUDA, "
-                                             << cpu.transforms().size() << " on the CPU";
+        return ::testing::AssertionFailure()
+            << "transforms(): " << cuda.transforms().size() << " on CUDA, " << cpu.transforms().size() << " on the CPU";
     for (std::size_t m = 0; m < cpu.transforms().size(); ++m)
         if (std::memcmp(&cpu.transforms()[m], &cuda.transforms()[m], sizeof(MemberTransform)) != 0)
             return ::testing::AssertionFailure()
-                   << "transforms()[" << m << "]: CUDA voxel_size " << str(cuda.transforms()[m].voxel_size) << " origin "
-                   << str(cuda.transforms()[m].origin) << ", CPU voxel_size " << str(cpu.transforms()[m].voxel_size)
-                   << " origin " << str(cpu.transforms()[m].origin);
+                << "transforms()[" << m << "]: CUDA voxel_size " << str(cuda.transforms()[m].voxel_size) << " origin "
+                << str(cuda.transforms()[m].origin) << ", CPU voxel_size " << str(cpu.transforms()[m].voxel_size)
+                << " origin " << str(cpu.transforms()[m].origin);
     return ::testing::AssertionSuccess();
 }
 
@@ -148,7 +150,8 @@ template <typename T>
     if (cuda.num_pairs() > 0)
         if (auto r = on_devices("pair lists", cpu.source_index.device(), cuda.source_index.device()); !r) return r;
     if (auto r = same_values("pairs_by_tap().tap_offsets", cpu.tap_offsets, cuda.tap_offsets); !r) return r;
-    if (auto r = same_values("pairs_by_tap().source_index", cpu.source_index.to_host(), cuda.source_index.to_host()); !r)
+    if (auto r = same_values("pairs_by_tap().source_index", cpu.source_index.to_host(), cuda.source_index.to_host());
+        !r)
         return r;
     return same_values("pairs_by_tap().target_index", cpu.target_index.to_host(), cuda.target_index.to_host());
 }
@@ -187,13 +190,15 @@ std::optional<GridPair> same_result(const std::string& what, const std::function
 
 /// A grid built by `build` in the CPU and in the CUDA context, compared as in same_result.
 std::optional<GridPair> same_build(const std::string& what, const std::function<GridBatch(const Context&)>& build) {
-    return same_result(what, [&] { return build(reference_context()); }, [&] { return build(candidate_context()); });
+    return same_result(
+        what, [&] { return build(reference_context()); }, [&] { return build(candidate_context()); });
 }
 
 /// `op` applied to both grids of `input`, compared as in same_result.
 std::optional<GridPair> same_op(const std::string& what, const GridPair& input,
                                 const std::function<GridBatch(const GridBatch&)>& op) {
-    return same_result(what, [&] { return op(input.cpu); }, [&] { return op(input.cuda); });
+    return same_result(
+        what, [&] { return op(input.cpu); }, [&] { return op(input.cuda); });
 }
 
 MapDirection opposite(MapDirection d) {
@@ -205,7 +210,7 @@ MapDirection opposite(MapDirection d) {
 void expect_same_maps(const std::string& what, const GridPair& source, const GridPair& target, const Vec3i& k,
                       const Vec3i& s, MapDirection direction) {
     const std::string label = what + ": neighbour_map K=" + str(k) + " S=" + str(s) +
-                              (direction == MapDirection::Forward ? " forward" : " transposed");
+        (direction == MapDirection::Forward ? " forward" : " transposed");
     SCOPED_TRACE(label);
     const int64_t entries = std::max(source.cpu.num_voxels(), target.cpu.num_voxels()) * kernel_volume(k);
     if (entries > kMaxMapEntries) {
@@ -235,7 +240,8 @@ void expect_same_lookups(const GridPair& grid, uint64_t seed) {
     for (std::size_t m = 0; m < lists.size(); ++m) {
         for (const Vec3i& c : lists[m]) {
             queries[m].push_back(c);
-            if (uniform_int(rng, 0, 3) == 0) queries[m].push_back({c[0], c[1], c[2] == kInt32Max ? kInt32Min : c[2] + 1});
+            if (uniform_int(rng, 0, 3) == 0)
+                queries[m].push_back({c[0], c[1], c[2] == kInt32Max ? kInt32Min : c[2] + 1});
         }
         for (std::size_t other = 0; other < lists.size(); ++other)
             if (other != m && !lists[other].empty()) queries[m].push_back(lists[other][lists[other].size() / 2]);
@@ -250,9 +256,10 @@ void expect_same_lookups(const GridPair& grid, uint64_t seed) {
         std::shuffle(queries[m].begin(), queries[m].end(), rng);
     }
     const FlatTriples<int32_t> flat = flatten(queries);
-    const sparsegrid::Buffer<int64_t> cpu = grid.cpu.ijk_to_index(to_device(flat.values, reference_context()), flat.offsets);
-    const sparsegrid::Buffer<int64_t> cuda =
-        grid.cuda.ijk_to_index(to_device(flat.values, candidate_context()), flat.offsets);
+    const sparsegrid::Buffer<int64_t> cpu = grid.cpu.ijk_to_index(to_device(flat.values, reference_context()),
+                                                                  flat.offsets);
+    const sparsegrid::Buffer<int64_t> cuda = grid.cuda.ijk_to_index(to_device(flat.values, candidate_context()),
+                                                                    flat.offsets);
     EXPECT_TRUE(on_devices("ijk_to_index results", cpu.device(), cuda.device()));
     const std::vector<int64_t> cpu_host = cpu.to_host();
     EXPECT_TRUE(same_values("ijk_to_index (span)", cpu_host, cuda.to_host()));
@@ -271,7 +278,8 @@ void expect_same_from_points(const MemberLists& members, const std::vector<Membe
             Vec3d offset{uniform_real(rng, -0.5, 0.5), uniform_real(rng, -0.5, 0.5), uniform_real(rng, -0.5, 0.5)};
             if (uniform_int(rng, 0, 3) == 0) offset[static_cast<std::size_t>(uniform_int(rng, 0, 2))] = 0.5;
             Vec3d xyz{};
-            for (int a = 0; a < 3; ++a) xyz[a] = t.origin[a] + t.voxel_size[a] * (static_cast<double>(c[a]) + offset[a]);
+            for (int a = 0; a < 3; ++a)
+                xyz[a] = t.origin[a] + t.voxel_size[a] * (static_cast<double>(c[a]) + offset[a]);
             points[m].push_back(xyz);
         }
     }
@@ -286,8 +294,8 @@ void expect_parity_of_every_operation(const std::string& label, const MemberList
     SCOPED_TRACE(label + " seed=" + std::to_string(seed));
     Rng rng(seed);
 
-    const std::optional<GridPair> built =
-        same_build("from_ijk", [&](const Context& ctx) { return GridBatch::from_ijk(members, transforms, ctx); });
+    const std::optional<GridPair> built = same_build(
+        "from_ijk", [&](const Context& ctx) { return GridBatch::from_ijk(members, transforms, ctx); });
     ASSERT_TRUE(built.has_value()) << "from_ijk raised";
     const GridPair& grid = *built;
     print_note(label + ": " + std::to_string(grid.cpu.num_voxels()) + " voxels in " +
@@ -302,8 +310,10 @@ void expect_parity_of_every_operation(const std::string& label, const MemberList
     expect_same_lookups(grid, seed + 2);
 
     // Same-resolution and downsampling operations, with the maps from the input to their output.
-    const std::vector<std::pair<Vec3i, Vec3i>> conv_cases{{{2, 2, 2}, {2, 2, 2}}, {{3, 3, 3}, {2, 2, 2}},
-                                                          {{3, 3, 3}, {1, 1, 1}}, {{1, 1, 1}, {3, 3, 3}},
+    const std::vector<std::pair<Vec3i, Vec3i>> conv_cases{{{2, 2, 2}, {2, 2, 2}},
+                                                          {{3, 3, 3}, {2, 2, 2}},
+                                                          {{3, 3, 3}, {1, 1, 1}},
+                                                          {{1, 1, 1}, {3, 3, 3}},
                                                           {{3, 2, 5}, {1, 2, 3}}};
     for (const auto& [k, s] : conv_cases) {
         const std::string what = "conv_grid K=" + str(k) + " S=" + str(s);
@@ -313,8 +323,8 @@ void expect_parity_of_every_operation(const std::string& label, const MemberList
     expect_same_maps("submanifold", grid, grid, {3, 3, 3}, {1, 1, 1}, MapDirection::Forward);
     expect_same_maps("submanifold", grid, grid, {3, 2, 5}, {1, 1, 1}, MapDirection::Transposed);
 
-    const std::optional<GridPair> coarse =
-        same_op("coarsened_grid(2)", grid, [](const GridBatch& g) { return g.coarsened_grid(2); });
+    const std::optional<GridPair> coarse = same_op("coarsened_grid(2)", grid,
+                                                   [](const GridBatch& g) { return g.coarsened_grid(2); });
     same_op("coarsened_grid(3)", grid, [](const GridBatch& g) { return g.coarsened_grid(3); });
     if (coarse) expect_same_maps("coarsened_grid(2)", grid, *coarse, {2, 2, 2}, {2, 2, 2}, MapDirection::Forward);
 
@@ -325,9 +335,8 @@ void expect_parity_of_every_operation(const std::string& label, const MemberList
     }
 
     const std::vector<uint8_t> prune_mask = random_mask(rng, grid.cpu.num_voxels(), 0.6);
-    const std::optional<GridPair> pruned = same_op("pruned_grid", grid, [&](const GridBatch& g) {
-        return g.pruned_grid(to_device(prune_mask, g.context()));
-    });
+    const std::optional<GridPair> pruned = same_op(
+        "pruned_grid", grid, [&](const GridBatch& g) { return g.pruned_grid(to_device(prune_mask, g.context())); });
 
     // merged_grid with a different batch of the same transforms: every member shifted by one voxel
     // along a member-dependent axis, a random half of its voxels kept.
@@ -339,11 +348,13 @@ void expect_parity_of_every_operation(const std::string& label, const MemberList
             if (moved[axis] < kInt32Max) ++moved[axis];
             if (uniform_int(rng, 0, 1)) shifted[m].push_back(moved);
         }
-    if (const auto other = same_build("from_ijk (merge partner)",
-                                      [&](const Context& ctx) { return GridBatch::from_ijk(shifted, transforms, ctx); })) {
+    if (const auto other = same_build("from_ijk (merge partner)", [&](const Context& ctx) {
+            return GridBatch::from_ijk(shifted, transforms, ctx);
+        })) {
         same_op("merged_grid", grid, [&](const GridBatch& g) { return g.merged_grid(other->on_backend_of(g)); });
         if (pruned)
-            same_op("merged_grid (pruned)", *pruned, [&](const GridBatch& g) { return g.merged_grid(other->on_backend_of(g)); });
+            same_op("merged_grid (pruned)", *pruned,
+                    [&](const GridBatch& g) { return g.merged_grid(other->on_backend_of(g)); });
     }
 
     const std::vector<uint8_t> refine_mask = random_mask(rng, grid.cpu.num_voxels(), 0.5);
@@ -385,9 +396,10 @@ void expect_parity_of_every_operation(const std::string& label, const MemberList
                            level.name + " grid (" + std::to_string(level.grid->cpu.num_voxels()) + " voxels)");
                 continue;
             }
-            const std::string what = "conv_transpose_grid K=" + str(k) + " S=" + str(s) + " of the " + level.name + " grid";
-            if (const auto out =
-                    same_op(what, *level.grid, [&](const GridBatch& g) { return g.conv_transpose_grid(k, s); }))
+            const std::string what = "conv_transpose_grid K=" + str(k) + " S=" + str(s) + " of the " + level.name +
+                " grid";
+            if (const auto out = same_op(what, *level.grid,
+                                         [&](const GridBatch& g) { return g.conv_transpose_grid(k, s); }))
                 expect_same_maps(what, *level.grid, *out, k, s, MapDirection::Transposed);
         }
 }
@@ -408,7 +420,7 @@ void add_blob(Rng& rng, const Vec3i& centre, int32_t min_radius, int32_t max_rad
         for (int32_t j = -r[1]; j <= r[1]; ++j)
             for (int32_t k = -r[2]; k <= r[2]; ++k) {
                 const double q = double(i) * i / (double(r[0]) * r[0]) + double(j) * j / (double(r[1]) * r[1]) +
-                                 double(k) * k / (double(r[2]) * r[2]);
+                    double(k) * k / (double(r[2]) * r[2]);
                 if (q <= 1.0 && uniform_real(rng, 0.0, 1.0) < density)
                     out.push_back({centre[0] + i, centre[1] + j, centre[2] + k});
             }
@@ -425,8 +437,7 @@ void add_shell(Rng& rng, const Vec3i& centre, int32_t min_radius, int32_t max_ra
     for (int32_t i = -extent[0]; i <= extent[0]; ++i)
         for (int32_t j = -extent[1]; j <= extent[1]; ++j)
             for (int32_t k = -extent[2]; k <= extent[2]; ++k) {
-                const double q =
-                    std::sqrt(i * i / (r[0] * r[0]) + j * j / (r[1] * r[1]) + k * k / (r[2] * r[2]));
+                const double q = std::sqrt(i * i / (r[0] * r[0]) + j * j / (r[1] * r[1]) + k * k / (r[2] * r[2]));
                 if (std::abs(q - 1.0) * mean_radius < 0.75 && uniform_real(rng, 0.0, 1.0) < 0.97)
                     out.push_back({centre[0] + i, centre[1] + j, centre[2] + k});
             }
@@ -458,19 +469,23 @@ MemberLists large_random_members(Rng& rng) {
         std::vector<Vec3i>& member = members[m];
         const Vec3i centre = random_point(rng, -2000, 2000);
         switch (m % 4) {
-            case 0:
-                for (int b = 0; b < 6; ++b) {
-                    const Vec3i d = random_point(rng, -60, 60);
-                    add_blob(rng, {centre[0] + d[0], centre[1] + d[1], centre[2] + d[2]}, 12, 24, 0.85, member);
-                }
-                break;
-            case 1: add_shell(rng, centre, 40, 80, member); break;
-            case 2: add_scatter(rng, centre, 1500, 16000, member); break;
-            default:
-                add_blob(rng, centre, 14, 20, 0.9, member);
-                add_shell(rng, centre, 25, 40, member);
-                add_scatter(rng, centre, 400, 5000, member);
-                break;
+        case 0:
+            for (int b = 0; b < 6; ++b) {
+                const Vec3i d = random_point(rng, -60, 60);
+                add_blob(rng, {centre[0] + d[0], centre[1] + d[1], centre[2] + d[2]}, 12, 24, 0.85, member);
+            }
+            break;
+        case 1:
+            add_shell(rng, centre, 40, 80, member);
+            break;
+        case 2:
+            add_scatter(rng, centre, 1500, 16000, member);
+            break;
+        default:
+            add_blob(rng, centre, 14, 20, 0.9, member);
+            add_shell(rng, centre, 25, 40, member);
+            add_scatter(rng, centre, 400, 5000, member);
+            break;
         }
         const std::size_t original = member.size();
         for (std::size_t n = 0; n < original / 20; ++n)

@@ -65,7 +65,7 @@ std::vector<double> oracle_convolution(const std::vector<Edge>& edges, int64_t n
         for (int64_t co = 0; co < cout; ++co)
             for (int64_t ci = 0; ci < cin; ++ci)
                 acc[e.target * cout + co] += static_cast<long double>(w[(co * cin + ci) * volume + e.tap]) *
-                                             x[e.source * cin + ci];
+                    x[e.source * cin + ci];
     return std::vector<double>(acc.begin(), acc.end());
 }
 
@@ -81,7 +81,8 @@ std::vector<double> random_values(Rng& rng, int64_t count) {
         return ::testing::AssertionFailure() << actual.size() << " values, expected " << expected.size();
     for (size_t i = 0; i < actual.size(); ++i)
         if (!(std::abs(actual[i] - expected[i]) <= tolerance * (1.0 + std::abs(expected[i]))))
-            return ::testing::AssertionFailure() << "value " << i << " is " << actual[i] << ", expected " << expected[i];
+            return ::testing::AssertionFailure()
+                << "value " << i << " is " << actual[i] << ", expected " << expected[i];
     return ::testing::AssertionSuccess();
 }
 
@@ -137,8 +138,8 @@ void check_plan(const ConvolutionPlan& plan, Rng& rng) {
     for (const Edge& e : edges)
         for (int64_t co = 0; co < cout; ++co)
             for (int64_t ci = 0; ci < cin; ++ci)
-                expected_gw[(co * cin + ci) * volume + e.tap] +=
-                    static_cast<long double>(g[e.target * cout + co]) * x[e.source * cin + ci];
+                expected_gw[(co * cin + ci) * volume + e.tap] += static_cast<long double>(g[e.target * cout + co]) *
+                    x[e.source * cin + ci];
     std::vector<double> gw(w.size(), -7.0);
     plan.backward_weight(x.data(), g.data(), gw.data(), cin, cout, DType::Float64);
     EXPECT_TRUE(near_all(gw, std::vector<double>(expected_gw.begin(), expected_gw.end()), 1e-12)) << "backward_weight";
@@ -244,8 +245,8 @@ TEST(Convolution, WeightGradientIndependentOfThreadCount) {
     // Channel blocks per tap depend on the thread count; every count must cover the channels exactly.
     Rng rng(31);
     const GridBatch grid = GridBatch::from_ijk(sparsegrid::synthetic_surface_batch(8, 48, 31));  // parallel sizes
-    for (const ConvolutionPlan& plan : {ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1}),
-                                        ConvolutionPlan::make(grid, {2, 2, 2}, {2, 2, 2})}) {
+    for (const ConvolutionPlan& plan :
+         {ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1}), ConvolutionPlan::make(grid, {2, 2, 2}, {2, 2, 2})}) {
         const int64_t cin = 3, cout = 70, volume = plan.kernel_volume();
         const std::vector<double> x = random_values(rng, plan.source_grid().num_voxels() * cin);
         const std::vector<double> g = random_values(rng, plan.target_grid().num_voxels() * cout);
@@ -275,8 +276,11 @@ TEST(Convolution, BadArgumentsRaise) {
                              "ConvolutionPlan::forward", {"input"}));
     EXPECT_TRUE(throws_error([&] { plan.backward_weight(x.data(), y.data(), nullptr, 2, 2, DType::Float32); },
                              "ConvolutionPlan::backward_weight", {"grad_weight"}));
-    EXPECT_TRUE(throws_error([&] { ConvolutionPlan::make(grid, {3, 0, 3}, {1, 1, 1}); }, "ConvolutionPlan::make",
-                             {"kernel_size"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            ConvolutionPlan::make(grid, {3, 0, 3}, {1, 1, 1});
+        },
+        "ConvolutionPlan::make", {"kernel_size"}));
     EXPECT_TRUE(throws_error([&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::Float16); },
                              "ConvolutionPlan::forward", {"float16", "CUDA only"}));
     EXPECT_TRUE(throws_error([&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, static_cast<DType>(9)); },

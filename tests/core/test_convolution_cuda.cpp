@@ -65,14 +65,14 @@ std::vector<T> cast(const std::vector<double>& v) {
 ::testing::AssertionResult close(const std::vector<double>& actual, const std::vector<double>& expected,
                                  double relative, const char* what) {
     if (actual.size() != expected.size())
-        return ::testing::AssertionFailure() << what << ": " << actual.size() << " values, expected "
-                                             << expected.size();
+        return ::testing::AssertionFailure()
+            << what << ": " << actual.size() << " values, expected " << expected.size();
     double scale = 0.0;
     for (double e : expected) scale = std::max(scale, std::abs(e));
     for (size_t i = 0; i < actual.size(); ++i)
         if (!(std::abs(actual[i] - expected[i]) <= relative * (std::abs(expected[i]) + scale + 1.0)))
-            return ::testing::AssertionFailure() << what << ": value " << i << " is " << actual[i] << ", expected "
-                                                 << expected[i];
+            return ::testing::AssertionFailure()
+                << what << ": value " << i << " is " << actual[i] << ", expected " << expected[i];
     return ::testing::AssertionSuccess();
 }
 
@@ -148,8 +148,8 @@ void compare_backends(const PlanCase& plan_case, const std::vector<std::vector<V
     EXPECT_TRUE(close(actual.gx, expected.gx, 1e-13, "backward_input f64"));
     EXPECT_TRUE(close(actual.gw, expected.gw, 1e-13, "backward_weight f64"));
 
-    const Results<float> actual32 =
-        execute(gpu_plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout, DType::Float32);
+    const Results<float> actual32 = execute(gpu_plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
+                                            DType::Float32);
     EXPECT_TRUE(close(widen(actual32.y), expected.y, 1e-6, "forward f32"));
     EXPECT_TRUE(close(widen(actual32.gx), expected.gx, 1e-6, "backward_input f32"));
     EXPECT_TRUE(close(widen(actual32.gw), expected.gw, 1e-6, "backward_weight f32"));
@@ -291,8 +291,8 @@ TEST_F(ConvolutionCuda, HalfPrecisionAgreesWithFloat32) {
         const std::vector<double> x = random_eighths(rng, plan.source_grid().num_voxels() * cin);
         const std::vector<double> w = random_eighths(rng, cout * cin * volume);
         const std::vector<double> g = random_eighths(rng, plan.target_grid().num_voxels() * cout);
-        const Results<float> reference =
-            execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout, DType::Float32);
+        const Results<float> reference = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
+                                                 DType::Float32);
         for (const DType dtype : {DType::Float16, DType::BFloat16}) {
             const bool half = dtype == DType::Float16;
             auto encode = [&](const std::vector<double>& v) {
@@ -330,8 +330,8 @@ TEST_F(ConvolutionCuda, Tf32AgreesWithFloat32) {
                                         ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2}),
                                         ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1})})
         for (const auto& [cin, cout] : channels) {
-            SCOPED_TRACE(::testing::Message() << "volume " << plan.kernel_volume() << " cin " << cin << " cout "
-                                              << cout);
+            SCOPED_TRACE(::testing::Message()
+                         << "volume " << plan.kernel_volume() << " cin " << cin << " cout " << cout);
             const int64_t volume = plan.kernel_volume();
             const std::vector<float> x = cast<float>(random_eighths(rng, plan.source_grid().num_voxels() * cin));
             const std::vector<float> w = cast<float>(random_eighths(rng, cout * cin * volume));

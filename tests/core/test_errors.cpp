@@ -18,7 +18,8 @@ using sparsegrid::Span;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-#define OVERFLOW_WORDS {"int32", "overflow", "range", "fit"}
+#define OVERFLOW_WORDS \
+    { "int32", "overflow", "range", "fit" }
 
 class ErrorsTest : public BackendTest {
 protected:
@@ -42,13 +43,28 @@ TEST_P(ErrorsTest, KernelSizeAndStrideMustBePositive) {
     EXPECT_TRUE(throws_error([&] { grid.conv_grid(3, 0); }, "conv_grid", {"stride"}));
     EXPECT_TRUE(throws_error([&] { grid.conv_grid({3, 3, 3}, {1, 1, -2}); }, "conv_grid", {"stride"}));
     EXPECT_TRUE(throws_error([&] { grid.conv_transpose_grid(0, 2); }, "conv_transpose_grid", {"kernel_size"}));
-    EXPECT_TRUE(throws_error([&] { grid.conv_transpose_grid({-1, 2, 2}, {2, 2, 2}); }, "conv_transpose_grid", {"kernel_size"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            grid.conv_transpose_grid({-1, 2, 2}, {2, 2, 2});
+        },
+        "conv_transpose_grid", {"kernel_size"}));
     EXPECT_TRUE(throws_error([&] { grid.conv_transpose_grid(2, 0); }, "conv_transpose_grid", {"stride"}));
-    EXPECT_TRUE(throws_error([&] { grid.conv_transpose_grid({2, 2, 2}, {2, -1, 2}); }, "conv_transpose_grid", {"stride"}));
-    EXPECT_TRUE(throws_error([&] { neighbour_map(grid, grid, {0, 3, 3}, {1, 1, 1}); }, "neighbour_map", {"kernel_size"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            grid.conv_transpose_grid({2, 2, 2}, {2, -1, 2});
+        },
+        "conv_transpose_grid", {"stride"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            neighbour_map(grid, grid, {0, 3, 3}, {1, 1, 1});
+        },
+        "neighbour_map", {"kernel_size"}));
     EXPECT_TRUE(throws_error([&] { neighbour_map(grid, grid, {3, 3, 3}, {1, 0, 1}); }, "neighbour_map", {"stride"}));
-    EXPECT_TRUE(throws_error([&] { neighbour_map(grid, grid, {3, 3, 3}, {1, 1, 0}, MapDirection::Transposed); },
-                             "neighbour_map", {"stride"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            neighbour_map(grid, grid, {3, 3, 3}, {1, 1, 0}, MapDirection::Transposed);
+        },
+        "neighbour_map", {"stride"}));
 }
 
 TEST_P(ErrorsTest, FactorsAndDistanceMustBeValid) {
@@ -99,8 +115,11 @@ TEST_P(ErrorsTest, NeighbourMapNeedsSameBatchSize) {
     const GridBatch three = small_grid(3);
     EXPECT_THROW(neighbour_map(two, three, {3, 3, 3}, {1, 1, 1}), sparsegrid::Error);
     EXPECT_TRUE(throws_error([&] { neighbour_map(two, three, {3, 3, 3}, {1, 1, 1}); }, "neighbour_map", {"batch"}));
-    EXPECT_TRUE(throws_error([&] { neighbour_map(three, two, {2, 2, 2}, {2, 2, 2}, MapDirection::Transposed); },
-                             "neighbour_map", {"batch"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            neighbour_map(three, two, {2, 2, 2}, {2, 2, 2}, MapDirection::Transposed);
+        },
+        "neighbour_map", {"batch"}));
 }
 
 TEST_P(ErrorsTest, FromIjkOffsets) {
@@ -117,7 +136,11 @@ TEST_P(ErrorsTest, FromIjkOffsets) {
     EXPECT_TRUE(throws_error([&] { GridBatch::from_ijk(span, {0}, {}, c); }, "from_ijk", {"offset", "batch"}));
     EXPECT_TRUE(throws_error([&] { GridBatch::from_ijk(span, {}, {}, c); }, "from_ijk", {"offset", "batch"}));
     const DeviceArray<int32_t> ragged = on_device(std::vector<int32_t>{0, 0, 0, 1, 1, 1, 2});  // 7 ints
-    EXPECT_TRUE(throws_error([&] { GridBatch::from_ijk(ragged, {0, 2}, {}, c); }, "from_ijk", {"ijk", "multiple", "3"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            GridBatch::from_ijk(ragged, {0, 2}, {}, c);
+        },
+        "from_ijk", {"ijk", "multiple", "3"}));
 }
 
 TEST_P(ErrorsTest, TransformsCountAndVoxelSizes) {
@@ -129,8 +152,11 @@ TEST_P(ErrorsTest, TransformsCountAndVoxelSizes) {
     EXPECT_TRUE(throws_error([&] { GridBatch::from_ijk(members, std::vector<MemberTransform>(3), c); }, "from_ijk",
                              {"transform"}));
     const DeviceArray<int32_t> ijk = on_device(std::vector<int32_t>{0, 0, 0, 1, 1, 1});
-    EXPECT_TRUE(throws_error([&] { GridBatch::from_ijk(ijk, {0, 1, 2}, std::vector<MemberTransform>(3), c); }, "from_ijk",
-                             {"transform"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            GridBatch::from_ijk(ijk, {0, 1, 2}, std::vector<MemberTransform>(3), c);
+        },
+        "from_ijk", {"transform"}));
     const std::vector<std::vector<Vec3d>> points{{{0.0, 0.0, 0.0}}, {}};
     EXPECT_TRUE(throws_error([&] { GridBatch::from_points(points, {}, c); }, "from_points", {"transform"}));
     EXPECT_TRUE(throws_error([&] { GridBatch::from_points(points, std::vector<MemberTransform>(1), c); }, "from_points",
@@ -171,15 +197,24 @@ TEST_P(ErrorsTest, FromPointsNonFiniteAndOutOfRange) {
     // In range in world units, out of range once divided by a tiny voxel size.
     MemberTransform tiny;
     tiny.voxel_size = {1e-9, 1.0, 1.0};
-    EXPECT_TRUE(throws_error([&] { GridBatch::from_points(one_point({10.0, 0.0, 0.0}), {tiny}, c); }, "from_points",
-                             {"xyz", "point", "int32", "range"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            GridBatch::from_points(one_point({10.0, 0.0, 0.0}), {tiny}, c);
+        },
+        "from_points", {"xyz", "point", "int32", "range"}));
     // Span version, NaN in the second member.
     const DeviceArray<double> flat = on_device(std::vector<double>{0.0, 0.0, 0.0, 1.0, kNaN, 1.0});
-    EXPECT_TRUE(throws_error([&] { GridBatch::from_points(flat, {0, 1, 2}, std::vector<MemberTransform>(2), c); },
-                             "from_points", {"xyz", "point", "finite"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            GridBatch::from_points(flat, {0, 1, 2}, std::vector<MemberTransform>(2), c);
+        },
+        "from_points", {"xyz", "point", "finite"}));
     const DeviceArray<double> ragged = on_device(std::vector<double>{0.0, 0.0, 0.0, 1.0});
-    EXPECT_TRUE(throws_error([&] { GridBatch::from_points(ragged, {0, 1}, unit, c); }, "from_points",
-                             {"xyz", "multiple", "3", "offset"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            GridBatch::from_points(ragged, {0, 1}, unit, c);
+        },
+        "from_points", {"xyz", "multiple", "3", "offset"}));
 }
 
 TEST_P(ErrorsTest, IjkToIndexOffsets) {
@@ -187,28 +222,44 @@ TEST_P(ErrorsTest, IjkToIndexOffsets) {
     const DeviceArray<int32_t> queries = on_device(std::vector<int32_t>{0, 0, 0, 1, 2, 3});
     EXPECT_TRUE(throws_error([&] { grid.ijk_to_index(queries, {0, 2}); }, "ijk_to_index", {"offset", "batch"}));
     EXPECT_TRUE(throws_error([&] { grid.ijk_to_index(queries, {0, 1, 3}); }, "ijk_to_index", {"offset", "query"}));
-    EXPECT_TRUE(throws_error([&] { grid.ijk_to_index(MemberLists{{{0, 0, 0}}}); }, "ijk_to_index",
-                             {"offset", "batch", "queries", "member"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            grid.ijk_to_index(MemberLists{{{0, 0, 0}}});
+        },
+        "ijk_to_index", {"offset", "batch", "queries", "member"}));
 }
 
 // ---- overflow: never wrap -------------------------------------------------------------------------
 
 TEST_P(ErrorsTest, ConvTransposeOverflow) {
-    for (const Vec3i& voxel : {Vec3i{kTwoPow30, 0, 0}, Vec3i{kInt32Max, 0, 0}, Vec3i{0, kTwoPow30, 0}, Vec3i{0, 0, kInt32Max}}) {
+    for (const Vec3i& voxel :
+         {Vec3i{kTwoPow30, 0, 0}, Vec3i{kInt32Max, 0, 0}, Vec3i{0, kTwoPow30, 0}, Vec3i{0, 0, kInt32Max}}) {
         SCOPED_TRACE("voxel " + str(voxel));
         const GridBatch grid = single(voxel);
         EXPECT_THROW(grid.conv_transpose_grid(2, 2), sparsegrid::Error);
         EXPECT_TRUE(throws_error([&] { grid.conv_transpose_grid(2, 2); }, "conv_transpose_grid", OVERFLOW_WORDS));
     }
     // Downward: 2 * (-2^30 - 1) < INT32_MIN; K=3 reaches one below S*c.
-    EXPECT_TRUE(throws_error([&] { single({-kTwoPow30 - 1, 0, 0}).conv_transpose_grid(2, 2); }, "conv_transpose_grid",
-                             OVERFLOW_WORDS));
-    EXPECT_TRUE(throws_error([&] { single({0, kInt32Min, 0}).conv_transpose_grid(3, 1); }, "conv_transpose_grid",
-                             OVERFLOW_WORDS));
-    EXPECT_TRUE(throws_error([&] { single({0, 0, kInt32Max}).conv_transpose_grid(3, 1); }, "conv_transpose_grid",
-                             OVERFLOW_WORDS));
-    EXPECT_TRUE(throws_error([&] { single({-kTwoPow30, 0, 0}).conv_transpose_grid({1, 1, 1}, {3, 1, 1}); },
-                             "conv_transpose_grid", OVERFLOW_WORDS));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            single({-kTwoPow30 - 1, 0, 0}).conv_transpose_grid(2, 2);
+        },
+        "conv_transpose_grid", OVERFLOW_WORDS));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            single({0, kInt32Min, 0}).conv_transpose_grid(3, 1);
+        },
+        "conv_transpose_grid", OVERFLOW_WORDS));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            single({0, 0, kInt32Max}).conv_transpose_grid(3, 1);
+        },
+        "conv_transpose_grid", OVERFLOW_WORDS));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            single({-kTwoPow30, 0, 0}).conv_transpose_grid({1, 1, 1}, {3, 1, 1});
+        },
+        "conv_transpose_grid", OVERFLOW_WORDS));
     // Overflow in one member of several still raises.
     const GridBatch mixed = make_grid(MemberLists{{{0, 0, 0}}, {}, {{1, 1, kTwoPow30}}});
     EXPECT_TRUE(throws_error([&] { mixed.conv_transpose_grid(2, 2); }, "conv_transpose_grid", OVERFLOW_WORDS));
@@ -219,8 +270,11 @@ TEST_P(ErrorsTest, RefineOverflow) {
     EXPECT_TRUE(throws_error([&] { single({kInt32Max, 0, 0}).refined_grid(2); }, "refined_grid", OVERFLOW_WORDS));
     EXPECT_TRUE(throws_error([&] { single({0, kTwoPow30, 0}).refined_grid(2); }, "refined_grid", OVERFLOW_WORDS));
     EXPECT_TRUE(throws_error([&] { single({0, 0, kInt32Min}).refined_grid(2); }, "refined_grid", OVERFLOW_WORDS));
-    EXPECT_TRUE(throws_error([&] { single({0, 0, -kTwoPow30 - 1}).refined_grid({1, 1, 2}); }, "refined_grid",
-                             OVERFLOW_WORDS));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            single({0, 0, -kTwoPow30 - 1}).refined_grid({1, 1, 2});
+        },
+        "refined_grid", OVERFLOW_WORDS));
     // A masked-out voxel cannot overflow: only kept voxels are refined.
     const GridBatch two = make_grid(MemberLists{{{0, 0, 0}, {kInt32Max, 0, 0}}});
     const DeviceArray<uint8_t> keep_origin = on_device(std::vector<uint8_t>{1, 0});
@@ -232,15 +286,19 @@ TEST_P(ErrorsTest, RefineOverflow) {
 }
 
 TEST_P(ErrorsTest, DilateOverflow) {
-    for (const Vec3i& voxel : {Vec3i{kInt32Max, 0, 0}, Vec3i{kInt32Min, 0, 0}, Vec3i{0, kInt32Max, 0}, Vec3i{0, 0, kInt32Min}}) {
+    for (const Vec3i& voxel :
+         {Vec3i{kInt32Max, 0, 0}, Vec3i{kInt32Min, 0, 0}, Vec3i{0, kInt32Max, 0}, Vec3i{0, 0, kInt32Min}}) {
         SCOPED_TRACE("voxel " + str(voxel));
         EXPECT_THROW(single(voxel).dilated_grid(1), sparsegrid::Error);
         EXPECT_TRUE(throws_error([&] { single(voxel).dilated_grid(1); }, "dilated_grid", OVERFLOW_WORDS));
         EXPECT_NO_THROW(single(voxel).dilated_grid(0));
     }
     EXPECT_TRUE(throws_error([&] { single({kInt32Max - 2, 0, 0}).dilated_grid(3); }, "dilated_grid", OVERFLOW_WORDS));
-    EXPECT_TRUE(throws_error([&] { single({0, 0, 0}).dilated_grid(kInt32Max); }, "dilated_grid",
-                             {"int32", "overflow", "range", "fit", "distance", "large"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            single({0, 0, 0}).dilated_grid(kInt32Max);
+        },
+        "dilated_grid", {"int32", "overflow", "range", "fit", "distance", "large"}));
 }
 
 TEST_P(ErrorsTest, ConvGridOverflow) {
@@ -261,7 +319,9 @@ TEST_P(ErrorsTest, ExtremeCoordinatesAccepted) {
     EXPECT_EQ(raw, (std::vector<int32_t>{kInt32Min, kInt32Max, kInt32Min, kInt32Max, kInt32Min, kInt32Max}));
     GridBatch coarse;
     ASSERT_NO_THROW(coarse = grid.coarsened_grid(2));
-    EXPECT_EQ(coarse.ijk_host(), (std::vector<Vec3i>{{-kTwoPow30, kTwoPow30 - 1, -kTwoPow30}, {kTwoPow30 - 1, -kTwoPow30, kTwoPow30 - 1}}));
+    EXPECT_EQ(
+        coarse.ijk_host(),
+        (std::vector<Vec3i>{{-kTwoPow30, kTwoPow30 - 1, -kTwoPow30}, {kTwoPow30 - 1, -kTwoPow30, kTwoPow30 - 1}}));
     GridBatch same;
     ASSERT_NO_THROW(same = grid.conv_grid(1, 1));
     EXPECT_EQ(same.ijk_host(), grid.ijk_host());

@@ -38,8 +38,8 @@ TEST_P(FusedTest, ConvTransposeGridAndMapEqualsSeparateBuilds) {
             const GridBatch expected_grid = grid.conv_transpose_grid(k, s);
             EXPECT_TRUE(same_grid(fused.grid, expected_grid));
             EXPECT_TRUE(transforms_near(fused.grid.transforms(), expected_grid.transforms(), 0.0));
-            EXPECT_TRUE(maps_equal(fused.map,
-                                   sparsegrid::neighbour_map(grid, fused.grid, k, s, MapDirection::Transposed)));
+            EXPECT_TRUE(
+                maps_equal(fused.map, sparsegrid::neighbour_map(grid, fused.grid, k, s, MapDirection::Transposed)));
             EXPECT_TRUE(map_matches_oracle(fused.map, grid, fused.grid, k, s, MapDirection::Transposed));
         }
     }

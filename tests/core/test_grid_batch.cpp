@@ -15,7 +15,8 @@ class GridBatchTest : public BackendTest {};
 INSTANTIATE_TEST_SUITE_P(, GridBatchTest, ::testing::ValuesIn(available_backends()), backend_name);
 
 TEST_P(GridBatchTest, AccessorsOfTransforms) {
-    const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}}, {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
+    const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}},
+                                                  {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
     const GridBatch grid = make_grid(MemberLists{{{1, 2, 3}}, {}}, transforms);
     EXPECT_EQ(grid.transforms(), transforms);
     EXPECT_EQ(grid.voxel_size(0), transforms[0].voxel_size);
@@ -140,8 +141,8 @@ TEST_P(GridBatchTest, FromPointsInt32Limits) {
     const MemberTransform unit{};
     // floor(x + 1/2) must land in int32: INT32_MAX and INT32_MIN themselves are fine.
     const GridBatch edges = GridBatch::from_points(
-        std::vector<std::vector<Vec3d>>{{{2147483647.0, -2147483648.5, 0.0}, {2147483647.4, -2147483648.0, -0.5}}}, {unit},
-        ctx());
+        std::vector<std::vector<Vec3d>>{{{2147483647.0, -2147483648.5, 0.0}, {2147483647.4, -2147483648.0, -0.5}}},
+        {unit}, ctx());
     OracleBatch expected(1);
     expected[0].insert({kInt32Max, kInt32Min, 0});
     EXPECT_TRUE(grid_matches(edges, expected, device()));
@@ -231,10 +232,12 @@ TEST_P(GridBatchTest, Int32ExtremesRoundTrip) {
     EXPECT_TRUE(grid_matches(grid.dilated_grid(0), oracle, device()));
     EXPECT_TRUE(grid_matches(grid.refined_grid(1), oracle, device()));
     for (const Vec3i& f : {Vec3i{2, 2, 2}, Vec3i{3, 7, 1}, Vec3i{kInt32Max, 2, 5}})
-        EXPECT_TRUE(grid_matches(grid.coarsened_grid(f), oracle_coarsened_grid(oracle, f), device())) << "factor " << str(f);
+        EXPECT_TRUE(grid_matches(grid.coarsened_grid(f), oracle_coarsened_grid(oracle, f), device()))
+            << "factor " << str(f);
     // conv_grid with K=2 (pb=0), S=2 is floor(ijk/2); K=1 with any stride divides exactly: in range.
     EXPECT_TRUE(grid_matches(grid.conv_grid(2, 2), oracle_conv_grid(oracle, {2, 2, 2}, {2, 2, 2}), device()));
-    EXPECT_TRUE(grid_matches(grid.conv_grid({1, 1, 1}, {5, 3, 4}), oracle_conv_grid(oracle, {1, 1, 1}, {5, 3, 4}), device()));
+    EXPECT_TRUE(
+        grid_matches(grid.conv_grid({1, 1, 1}, {5, 3, 4}), oracle_conv_grid(oracle, {1, 1, 1}, {5, 3, 4}), device()));
     const std::vector<uint8_t> mask{1, 0, 1, 0, 1, 1, 0};
     const DeviceArray<uint8_t> device_mask = on_device(mask);
     EXPECT_TRUE(grid_matches(grid.pruned_grid(device_mask), oracle_pruned_grid(member_lists(grid), mask), device()));
@@ -252,10 +255,12 @@ TEST_P(GridBatchTest, ExactBoundsAccepted) {
     // refined_grid(2): 2*(2^30-1)+1 = 2^31-1, 2*(-2^30) = -2^31.
     EXPECT_TRUE(grid_matches(top.refined_grid(2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {}), device()));
     // conv_transpose_grid(2,2): the same children.
-    EXPECT_TRUE(grid_matches(top.conv_transpose_grid(2, 2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {}), device()));
+    EXPECT_TRUE(
+        grid_matches(top.conv_transpose_grid(2, 2), oracle_refined_grid(member_lists(top), {2, 2, 2}, {}), device()));
     // dilated_grid(1) one step inside the edges.
     const GridBatch inner = make_grid(MemberLists{{{kInt32Max - 1, kInt32Min + 1, 0}}});
-    EXPECT_TRUE(grid_matches(inner.dilated_grid(1), oracle_dilated_grid(oracle_from_lists(member_lists(inner)), 1), device()));
+    EXPECT_TRUE(
+        grid_matches(inner.dilated_grid(1), oracle_dilated_grid(oracle_from_lists(member_lists(inner)), 1), device()));
     EXPECT_TRUE(grid_matches(inner.conv_grid(3, 1),
                              oracle_conv_grid(oracle_from_lists(member_lists(inner)), {3, 3, 3}, {1, 1, 1}), device()));
 }

@@ -112,8 +112,8 @@ SphereMeshes sphere_meshes(const std::vector<MemberTransform>& transforms) {
                 for (int g = 0; g < kSegments; ++g) {
                     const int32_t v00 = base + r * kSegments + g, v01 = base + r * kSegments + (g + 1) % kSegments;
                     const int32_t v10 = v00 + kSegments, v11 = v01 + kSegments;
-                    out.faces.insert(out.faces.end(), {v00 - base, v10 - base, v11 - base, v00 - base, v11 - base,
-                                                       v01 - base});
+                    out.faces.insert(out.faces.end(),
+                                     {v00 - base, v10 - base, v11 - base, v00 - base, v11 - base, v01 - base});
                 }
         }
         out.vertex_offsets.push_back(static_cast<int64_t>(out.vertices.size() / 3));
@@ -154,8 +154,10 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
     const GridBatch coarse_k2s2 = log.grid("conv_grid(2, 2)", 1, [&] { return grid.conv_grid(2, 2); });
     const GridBatch coarse_k3s2 = log.grid("conv_grid(3, 2)", 1, [&] { return grid.conv_grid(3, 2); });
     log.grid("conv_grid(3, 1)", 1, [&] { return grid.conv_grid(3, 1); });
-    const GridBatch fine_k2s2 = log.grid("conv_transpose_grid(2, 2)", 0, [&] { return grid.conv_transpose_grid(2, 2); });
-    const GridBatch fine_k3s2 = log.grid("conv_transpose_grid(3, 2)", 1, [&] { return grid.conv_transpose_grid(3, 2); });
+    const GridBatch fine_k2s2 = log.grid("conv_transpose_grid(2, 2)", 0,
+                                         [&] { return grid.conv_transpose_grid(2, 2); });
+    const GridBatch fine_k3s2 = log.grid("conv_transpose_grid(3, 2)", 1,
+                                         [&] { return grid.conv_transpose_grid(3, 2); });
     log.grid("coarsened_grid(2)", 1, [&] { return grid.coarsened_grid(2); });
     log.grid("refined_grid(2)", 0, [&] { return grid.refined_grid(2); });
     log.grid("refined_grid(2, mask)", 1, [&] { return grid.refined_grid(2, mask); });
@@ -169,30 +171,35 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
                                     ctx);
     });
 
-    const KernelMap submanifold = log.map("neighbour_map K=3 S=1 (same grid)", 0,
-                                          [&] { return neighbour_map(grid, grid, {3, 3, 3}, {1, 1, 1}); });
-    const KernelMap down_k3s2 = log.map("neighbour_map K=3 S=2 forward", 0,
-                                        [&] { return neighbour_map(grid, coarse_k3s2, {3, 3, 3}, {2, 2, 2}); });
+    const KernelMap submanifold = log.map("neighbour_map K=3 S=1 (same grid)", 0, [&] {
+        return neighbour_map(grid, grid, {3, 3, 3}, {1, 1, 1});
+    });
+    const KernelMap down_k3s2 = log.map("neighbour_map K=3 S=2 forward", 0, [&] {
+        return neighbour_map(grid, coarse_k3s2, {3, 3, 3}, {2, 2, 2});
+    });
     log.map("neighbour_map K=2 S=2 forward", 0, [&] { return neighbour_map(grid, coarse_k2s2, {2, 2, 2}, {2, 2, 2}); });
     const KernelMap up_k2s2 = log.map("neighbour_map K=2 S=2 transposed", 0, [&] {
         return neighbour_map(grid, fine_k2s2, {2, 2, 2}, {2, 2, 2}, MapDirection::Transposed);
     });
-    log.map("neighbour_map K=3 S=2 transposed", 0,
-            [&] { return neighbour_map(grid, fine_k3s2, {3, 3, 3}, {2, 2, 2}, MapDirection::Transposed); });
-    log.map("neighbour_map K=(3,2,5) S=(1,2,3) forward", 0,
-            [&] { return neighbour_map(grid, other, {3, 2, 5}, {1, 2, 3}); });
+    log.map("neighbour_map K=3 S=2 transposed", 0, [&] {
+        return neighbour_map(grid, fine_k3s2, {3, 3, 3}, {2, 2, 2}, MapDirection::Transposed);
+    });
+    log.map("neighbour_map K=(3,2,5) S=(1,2,3) forward", 0, [&] {
+        return neighbour_map(grid, other, {3, 2, 5}, {1, 2, 3});
+    });
     log.map("KernelMap::transposed() of K=3 S=1", 0, [&] { return submanifold.transposed(); });
     log.map("KernelMap::transposed() of K=3 S=2", 0, [&] { return down_k3s2.transposed(); });
     log.map("KernelMap::transposed() of K=2 S=2 transposed", 0, [&] { return up_k2s2.transposed(); });
 
     for (const KernelMap* map : {&submanifold, &up_k2s2}) {
         const std::string name = map == &submanifold ? "K=3 S=1" : "K=2 S=2 transposed";
-        const sparsegrid::PairLists pairs = log.measure("pairs_by_tap of " + name, 1, [&] { return map->pairs_by_tap(); });
+        const sparsegrid::PairLists pairs = log.measure("pairs_by_tap of " + name, 1,
+                                                        [&] { return map->pairs_by_tap(); });
         log.measurements().back().read_result = [pairs] { return pair_contents(pairs); };
     }
     // Documented in grid_batch.h: "1 launch per query batch, no sync".
-    const sparsegrid::Buffer<int64_t> found =
-        log.measure("ijk_to_index (span)", 0, [&] { return grid.ijk_to_index(queries, flat.offsets); });
+    const sparsegrid::Buffer<int64_t> found = log.measure("ijk_to_index (span)", 0,
+                                                          [&] { return grid.ijk_to_index(queries, flat.offsets); });
     log.measurements().back().read_result = [found] { return found.to_host(); };
 
     return log.measurements();
@@ -222,7 +229,8 @@ TEST(HostSyncs, CudaOperationsWithinDocumentedBounds) {
     // The measured calls did the whole work: their results equal the CPU's.
     const std::vector<Measurement> cpu = measure_every_operation(cpu_context());
     ASSERT_EQ(cuda.size(), cpu.size());
-    for (std::size_t n = 0; n < cuda.size(); ++n) EXPECT_EQ(cuda[n].read_result(), cpu[n].read_result()) << cuda[n].operation;
+    for (std::size_t n = 0; n < cuda.size(); ++n)
+        EXPECT_EQ(cuda[n].read_result(), cpu[n].read_result()) << cuda[n].operation;
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ TEST_P(KernelMapTest, ForwardToConvGridMatchesOracle) {
                 const int64_t kvol = kernel_volume(k);
                 for (int64_t row = 0; row < coarse.num_voxels(); ++row) {
                     bool any = false;
-                    for (int64_t t = 0; t < kvol; ++t) any = any || dense[static_cast<std::size_t>(row * kvol + t)] != -1;
+                    for (int64_t t = 0; t < kvol; ++t)
+                        any = any || dense[static_cast<std::size_t>(row * kvol + t)] != -1;
                     ASSERT_TRUE(any) << "coarse voxel " << row << " has no input";
                 }
             }
@@ -177,7 +178,8 @@ TEST_P(KernelMapTest, DesignDegrees) {
     EXPECT_EQ(map.num_edges(), 16);
     const sparsegrid::PairLists pairs = map.pairs_by_tap();
     EXPECT_EQ(pairs.tap_offsets, (std::vector<int64_t>{0, 4, 8, 12, 16}));
-    EXPECT_EQ(pairs.source_index.to_host(), (std::vector<int32_t>{3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14}));
+    EXPECT_EQ(pairs.source_index.to_host(),
+              (std::vector<int32_t>{3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14}));
     EXPECT_EQ(pairs.target_index.to_host(), (std::vector<int32_t>{1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3}));
     // Transposed direction of the same edges: conv_transpose_grid(4,4) of {0} is {-1,0,1,2}, one edge each.
     const GridBatch origin = make_grid(MemberLists{{{0, 0, 0}}});

@@ -52,7 +52,7 @@ bool clip_intersects(const Triangle& tri, const Point& lo, const Point& hi) {
 }
 
 struct Mesh {
-    std::vector<std::vector<Vec3d>> vertices;           // per member
+    std::vector<std::vector<Vec3d>> vertices;                // per member
     std::vector<std::vector<std::array<int32_t, 3>>> faces;  // per member, local indices
     std::vector<MemberTransform> transforms;
 };
@@ -103,7 +103,8 @@ std::optional<std::string> error_of(const std::function<void()>& fn) {
             Triangle tri;
             for (int v = 0; v < 3; ++v)
                 for (int a = 0; a < 3; ++a)
-                    tri[v][a] = (static_cast<long double>(mesh.vertices[m][face[v]][a]) - t.origin[a]) / t.voxel_size[a];
+                    tri[v][a] = (static_cast<long double>(mesh.vertices[m][face[v]][a]) - t.origin[a]) /
+                        t.voxel_size[a];
             int64_t lo[3], hi[3];
             for (int a = 0; a < 3; ++a) {
                 const long double mn = std::min({tri[0][a], tri[1][a], tri[2][a]});
@@ -123,15 +124,15 @@ std::optional<std::string> error_of(const std::function<void()>& fn) {
                         const bool maybe = clip_intersects(tri, {c[0] - 0.5L - e, c[1] - 0.5L - e, c[2] - 0.5L - e},
                                                            {c[0] + 0.5L + e, c[1] + 0.5L + e, c[2] + 0.5L + e});
                         if (certain && !hit.count(voxel))
-                            return ::testing::AssertionFailure() << "member " << m << ": voxel " << str(voxel)
-                                                                 << " meets a triangle but is missing";
+                            return ::testing::AssertionFailure()
+                                << "member " << m << ": voxel " << str(voxel) << " meets a triangle but is missing";
                         if (maybe) possible.insert(voxel);
                     }
         }
         for (const Vec3i& v : hit)
             if (!possible.count(v))
-                return ::testing::AssertionFailure() << "member " << m << ": voxel " << str(v)
-                                                     << " is active but meets no triangle";
+                return ::testing::AssertionFailure()
+                    << "member " << m << ": voxel " << str(v) << " is active but meets no triangle";
     }
     return ::testing::AssertionSuccess();
 }
@@ -173,10 +174,12 @@ TEST_P(MeshTest, RandomTrianglesMatchClippingOracle) {
                     mesh.vertices[m].push_back(p);
                 }
                 if (f == 9) mesh.vertices[m][base + 2] = mesh.vertices[m][base + 1];  // a segment
-                if (f == 10) mesh.vertices[m][base + 1] = mesh.vertices[m][base + 2] = mesh.vertices[m][base];  // a point
+                if (f == 10)
+                    mesh.vertices[m][base + 1] = mesh.vertices[m][base + 2] = mesh.vertices[m][base];  // a point
                 if (f == 11)  // a sliver: the third vertex almost on the first edge
                     for (int a = 0; a < 3; ++a)
-                        mesh.vertices[m][base + 2][a] = 0.5 * (mesh.vertices[m][base][a] + mesh.vertices[m][base + 1][a]) + 1e-7;
+                        mesh.vertices[m][base + 2][a] =
+                            0.5 * (mesh.vertices[m][base][a] + mesh.vertices[m][base + 1][a]) + 1e-7;
                 mesh.faces[m].push_back({base, base + 1, base + 2});
             }
         }
@@ -239,9 +242,8 @@ TEST_P(MeshTest, BadInputsRaise) {
     const auto from_mesh = [&](const std::vector<double>& v, const std::vector<int64_t>& vertex_offsets,
                                const std::vector<int32_t>& f, const std::vector<int64_t>& face_offsets,
                                const std::vector<MemberTransform>& transforms) {
-        return [=] {
-            GridBatch::from_mesh(on_device(v), vertex_offsets, on_device(f), face_offsets, transforms, ctx());
-        };
+        return
+            [=] { GridBatch::from_mesh(on_device(v), vertex_offsets, on_device(f), face_offsets, transforms, ctx()); };
     };
     EXPECT_TRUE(throws_error(from_mesh(vertices, {0, 3}, faces, {0, 1}, one), "GridBatch::from_mesh",
                              {"face 0 of member 0 refers to vertex 3; member 0 has 3 vertices"}));
@@ -319,7 +321,9 @@ TEST_P(MeshTest, ErrorsAmongManyFaces) {
 TEST_P(MeshTest, CandidateCountBeyondInt64Raises) {
     // One face whose range holds ~8e27 voxels, then three faces of ~3.4e18 each (their sum overflows).
     EXPECT_TRUE(throws_error(
-        [&] { voxelize_here(unit_mesh({{-1e9, -1e9, -1e9}, {1e9, 1e9, 1e9}, {1e9, -1e9, 0}})); },
+        [&] {
+            voxelize_here(unit_mesh({{-1e9, -1e9, -1e9}, {1e9, 1e9, 1e9}, {1e9, -1e9, 0}}));
+        },
         "GridBatch::from_mesh", {"candidate voxels"}));
     Mesh mesh = unit_mesh({{0, 0, 0}, {1.5e6, 1.5e6, 0}, {1.5e6, 0, 1.5e6}});
     mesh.faces[0] = {{0, 1, 2}, {0, 2, 1}, {1, 2, 0}};
@@ -332,8 +336,11 @@ TEST(MeshWithoutCudaBackend, CudaRequestsRaise) {
     ctx.device = sparsegrid::Device::cuda();
     const std::vector<double> vertices{0, 0, 0, 1, 0, 0, 0, 1, 0};  // never read: the request fails first
     const std::vector<int32_t> faces{0, 1, 2};
-    EXPECT_TRUE(throws_error([&] { GridBatch::from_mesh(vertices, {0, 3}, faces, {0, 1}, {MemberTransform{}}, ctx); },
-                             "GridBatch::from_mesh", {"no CUDA backend"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            GridBatch::from_mesh(vertices, {0, 3}, faces, {0, 1}, {MemberTransform{}}, ctx);
+        },
+        "GridBatch::from_mesh", {"no CUDA backend"}));
 }
 
 // ---- CPU / CUDA parity ----------------------------------------------------------------------------------
@@ -350,8 +357,8 @@ protected:
     if (!cpu.device().is_cpu() || !cuda.device().is_cuda())
         return ::testing::AssertionFailure() << "grids on " << cpu.device().str() << " and " << cuda.device().str();
     if (cpu.voxel_offsets() != cuda.voxel_offsets())
-        return ::testing::AssertionFailure() << "voxel_offsets() differ: CUDA " << cuda.num_voxels() << " voxels, CPU "
-                                             << cpu.num_voxels();
+        return ::testing::AssertionFailure()
+            << "voxel_offsets() differ: CUDA " << cuda.num_voxels() << " voxels, CPU " << cpu.num_voxels();
     if (cuda.voxel_offsets_buffer().to_host() != cpu.voxel_offsets())
         return ::testing::AssertionFailure() << "CUDA voxel_offsets_buffer() differs from voxel_offsets()";
     const std::vector<int32_t> cpu_ijk = cpu.ijk().to_host(), cuda_ijk = cuda.ijk().to_host();
@@ -364,8 +371,9 @@ protected:
         return ::testing::AssertionFailure() << "coordinate_box(): CUDA " << str(b.lo) << ".." << str(b.hi) << ", CPU "
                                              << str(a.lo) << ".." << str(a.hi);
     if (cpu.transforms().size() != cuda.transforms().size() ||
-        (!cpu.transforms().empty() && std::memcmp(cpu.transforms().data(), cuda.transforms().data(),
-                                                  cpu.transforms().size() * sizeof(MemberTransform)) != 0))
+        (!cpu.transforms().empty() &&
+         std::memcmp(cpu.transforms().data(), cuda.transforms().data(),
+                     cpu.transforms().size() * sizeof(MemberTransform)) != 0))
         return ::testing::AssertionFailure() << "transforms() differ";
     return ::testing::AssertionSuccess() << cpu.num_voxels() << " voxels";
 }
@@ -413,8 +421,8 @@ Mesh random_parity_mesh(Rng& rng, int64_t members, bool far_member) {
             continue;
         }
         const Vec3d centre = far_member && m == members - 1
-                                 ? Vec3d{static_cast<double>(kTwoPow30) - 40, -static_cast<double>(kTwoPow30) + 9, 5}
-                                 : random_point(rng, -200.0, 200.0);
+            ? Vec3d{static_cast<double>(kTwoPow30) - 40, -static_cast<double>(kTwoPow30) + 9, 5}
+            : random_point(rng, -200.0, 200.0);
         auto add = [&](const Vec3d& a, const Vec3d& b, const Vec3d& c) {
             const int32_t base = static_cast<int32_t>(index_points.size());
             index_points.insert(index_points.end(), {a, b, c});
@@ -443,12 +451,13 @@ Mesh random_parity_mesh(Rng& rng, int64_t members, bool far_member) {
             add(p[0], p[1], p[2]);
         }
         // One huge diagonal triangle (a range of ~200 voxels per axis).
-        add(around(4.0), {centre[0] + 100, centre[1] + 95, centre[2] - 90}, {centre[0] - 97, centre[1] + 60, centre[2] + 99});
+        add(around(4.0), {centre[0] + 100, centre[1] + 95, centre[2] - 90},
+            {centre[0] - 97, centre[1] + 60, centre[2] + 99});
         // Degenerate triangles.
         const Vec3d a = around(20.0), b = around(20.0);
-        add(a, b, b);                                                    // a segment
-        add(a, a, a);                                                    // a point
-        add(a, b, {2 * b[0] - a[0], 2 * b[1] - a[1], 2 * b[2] - a[2]});  // collinear
+        add(a, b, b);                                                                       // a segment
+        add(a, a, a);                                                                       // a point
+        add(a, b, {2 * b[0] - a[0], 2 * b[1] - a[1], 2 * b[2] - a[2]});                     // collinear
         add(a, b, {0.5 * (a[0] + b[0]) + 1e-9, 0.5 * (a[1] + b[1]), 0.5 * (a[2] + b[2])});  // a sliver
         // Vertices on voxel faces, edges and corners (half-integers in index space): exact ties.
         auto half_integer = [&] {
@@ -504,8 +513,8 @@ TEST_F(MeshParity, ManyTinyTrianglesAndOneHugeOne) {
 
 TEST_F(MeshParity, BundledBunny) {
     if (!sparsegrid::mesh_loading_available()) GTEST_SKIP() << "built without assimp";
-    const sparsegrid::TriangleMesh bunny =
-        sparsegrid::load_mesh(std::string(SPARSEGRID_SOURCE_DIR) + "/data/bunny.ply");
+    const sparsegrid::TriangleMesh bunny = sparsegrid::load_mesh(std::string(SPARSEGRID_SOURCE_DIR) +
+                                                                 "/data/bunny.ply");
     Vec3d lo = bunny.vertices.front(), hi = lo;
     for (const Vec3d& v : bunny.vertices)
         for (int a = 0; a < 3; ++a) {

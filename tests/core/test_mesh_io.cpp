@@ -27,28 +27,30 @@ protected:
 };
 
 TEST_F(MeshFiles, ObjTetrahedronAndTriangulatedQuad) {
-    const TriangleMesh tetra = sparsegrid::load_mesh(write(
-        "tetra.obj", "v 0 0 0\nv 1 0 0\nv 0 1 0\nv 0 0 1\nf 1 3 2\nf 1 2 4\nf 1 4 3\nf 2 3 4\n"));
+    const TriangleMesh tetra = sparsegrid::load_mesh(
+        write("tetra.obj", "v 0 0 0\nv 1 0 0\nv 0 1 0\nv 0 0 1\nf 1 3 2\nf 1 2 4\nf 1 4 3\nf 2 3 4\n"));
     EXPECT_EQ(tetra.vertices.size(), 4u);
     EXPECT_EQ(tetra.faces.size(), 4u);
     std::set<Vec3d> corners(tetra.vertices.begin(), tetra.vertices.end());
     EXPECT_EQ(corners, (std::set<Vec3d>{{0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}}));
-    const TriangleMesh quad = sparsegrid::load_mesh(write("quad.obj", "v 0 0 0\nv 2 0 0\nv 2 2 0\nv 0 2 0\nf 1 2 3 4\n"));
+    const TriangleMesh quad = sparsegrid::load_mesh(
+        write("quad.obj", "v 0 0 0\nv 2 0 0\nv 2 2 0\nv 0 2 0\nf 1 2 3 4\n"));
     EXPECT_EQ(quad.faces.size(), 2u);
 }
 
 TEST_F(MeshFiles, AsciiStlAndOff) {
-    const TriangleMesh stl = sparsegrid::load_mesh(write(
-        "triangle.stl", "solid t\nfacet normal 0 0 1\nouter loop\nvertex 0 0 0\nvertex 1 0 0\nvertex 0 1 0\n"
-                        "endloop\nendfacet\nendsolid t\n"));
+    const TriangleMesh stl = sparsegrid::load_mesh(
+        write("triangle.stl",
+              "solid t\nfacet normal 0 0 1\nouter loop\nvertex 0 0 0\nvertex 1 0 0\nvertex 0 1 0\n"
+              "endloop\nendfacet\nendsolid t\n"));
     EXPECT_EQ(stl.faces.size(), 1u);
     const TriangleMesh off = sparsegrid::load_mesh(write("triangle.off", "OFF\n3 1 0\n0 0 0\n1 0 0\n0 1 0\n3 0 1 2\n"));
     EXPECT_EQ(off.faces.size(), 1u);
 }
 
 TEST_F(MeshFiles, BadFilesNameTheFile) {
-    EXPECT_TRUE(throws_error([] { sparsegrid::load_mesh("/nonexistent/bunny.ply"); }, "load_mesh",
-                             {"/nonexistent/bunny.ply"}));
+    EXPECT_TRUE(
+        throws_error([] { sparsegrid::load_mesh("/nonexistent/bunny.ply"); }, "load_mesh", {"/nonexistent/bunny.ply"}));
     const std::string garbage = write("garbage.ply", "this is not a mesh\n");
     EXPECT_TRUE(throws_error([&] { sparsegrid::load_mesh(garbage); }, "load_mesh", {"garbage.ply"}));
     const std::string lines_only = write("lines.obj", "v 0 0 0\nv 1 0 0\nl 1 2\n");
@@ -72,8 +74,8 @@ TEST_F(MeshFiles, BundledBunnyVoxelises) {
     for (const auto& f : bunny.faces) faces.insert(faces.end(), f.begin(), f.end());
     const std::vector<int64_t> vertex_offsets{0, static_cast<int64_t>(bunny.vertices.size())};
     const std::vector<int64_t> face_offsets{0, static_cast<int64_t>(bunny.faces.size())};
-    const GridBatch grid =
-        GridBatch::from_mesh(vertices, vertex_offsets, faces, face_offsets, {MemberTransform{{h, h, h}, lo}});
+    const GridBatch grid = GridBatch::from_mesh(vertices, vertex_offsets, faces, face_offsets,
+                                                {MemberTransform{{h, h, h}, lo}});
     EXPECT_TRUE(grid_is_well_formed(grid, sparsegrid::Device::cpu()));
     // A closed surface at 32 voxels across covers well over a thousand voxels, all inside the box.
     EXPECT_GT(grid.num_voxels(), 1000);

@@ -53,8 +53,8 @@ TEST(Oracle, MortonOrderByHand) {
     EXPECT_TRUE(morton_less({kInt32Min, kInt32Max, kInt32Max}, {-1, 0, 0}));
     EXPECT_FALSE(morton_less({3, 4, 5}, {3, 4, 5}));
     // (0..1)^3 in Z order.
-    const std::vector<Vec3i> cube = morton_sorted(OracleMember{{1, 1, 1}, {0, 0, 0}, {1, 0, 0}, {0, 1, 0},
-                                                                {0, 0, 1}, {1, 1, 0}, {1, 0, 1}, {0, 1, 1}});
+    const std::vector<Vec3i> cube = morton_sorted(
+        OracleMember{{1, 1, 1}, {0, 0, 0}, {1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {1, 1, 0}, {1, 0, 1}, {0, 1, 1}});
     const std::vector<Vec3i> z{{0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {0, 1, 1}, {1, 0, 0}, {1, 0, 1}, {1, 1, 0}, {1, 1, 1}};
     EXPECT_EQ(cube, z);
 }
@@ -66,19 +66,33 @@ TEST(Oracle, DesignCheckValues) {
     EXPECT_EQ(oracle_conv_transpose_grid(line_i(0, 0), k4, s4), line_i(-1, 2));
     EXPECT_EQ(oracle_conv_grid(line_i(-3, 3), {1, 1, 1}, {3, 1, 1}), line_i(-1, 1));
 
-    const MemberLists fine{{{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 0, 0}, {4, 0, 0}, {5, 0, 0}, {6, 0, 0}, {7, 0, 0},
-                            {8, 0, 0}, {9, 0, 0}, {10, 0, 0}, {11, 0, 0}, {12, 0, 0}, {13, 0, 0}, {14, 0, 0}, {15, 0, 0}}};
+    const MemberLists fine{{{0, 0, 0},
+                            {1, 0, 0},
+                            {2, 0, 0},
+                            {3, 0, 0},
+                            {4, 0, 0},
+                            {5, 0, 0},
+                            {6, 0, 0},
+                            {7, 0, 0},
+                            {8, 0, 0},
+                            {9, 0, 0},
+                            {10, 0, 0},
+                            {11, 0, 0},
+                            {12, 0, 0},
+                            {13, 0, 0},
+                            {14, 0, 0},
+                            {15, 0, 0}}};
     const MemberLists coarse{{{0, 0, 0}, {1, 0, 0}, {2, 0, 0}, {3, 0, 0}, {4, 0, 0}}};
     const std::vector<int32_t> map = oracle_neighbour_map(fine, coarse, k4, s4, sparsegrid::MapDirection::Forward);
     // Row c: fine = 4c + tap - 1.
-    const std::vector<int32_t> want{-1, 0,  1,  2,  //
-                                    3,  4,  5,  6,  //
-                                    7,  8,  9,  10, //
-                                    11, 12, 13, 14, //
+    const std::vector<int32_t> want{-1, 0,  1,  2,   //
+                                    3,  4,  5,  6,   //
+                                    7,  8,  9,  10,  //
+                                    11, 12, 13, 14,  //
                                     15, -1, -1, -1};
     EXPECT_EQ(map, want);
-    const std::vector<int32_t> transposed =
-        oracle_neighbour_map(coarse, fine, k4, s4, sparsegrid::MapDirection::Transposed);
+    const std::vector<int32_t> transposed = oracle_neighbour_map(coarse, fine, k4, s4,
+                                                                 sparsegrid::MapDirection::Transposed);
     // Fine voxel f = 4c + tap - 1: f = 0 is c=0 tap 1; f = 15 is c=4 tap 0 (and c=3 tap 4 does not exist).
     EXPECT_EQ(transposed[0 * 4 + 1], 0);
     EXPECT_EQ(transposed[0 * 4 + 0], -1);

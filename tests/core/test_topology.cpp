@@ -119,8 +119,9 @@ TEST_P(TopologyTest, ConvGridMatchesOracle) {
             SCOPED_TRACE(trace(c));
             for (const auto& [k, s] : kernel_cases(c.seed)) {
                 SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
-                check_op("conv_grid", [&] { return c.grid.conv_grid(k, s); }, oracle_conv_grid(c.oracle, k, s),
-                         map_transforms(c.transforms, transform_conv, s), c.grid);
+                check_op(
+                    "conv_grid", [&] { return c.grid.conv_grid(k, s); }, oracle_conv_grid(c.oracle, k, s),
+                    map_transforms(c.transforms, transform_conv, s), c.grid);
             }
         }
 }
@@ -133,9 +134,10 @@ TEST_P(TopologyTest, ConvTransposeGridMatchesOracle) {
             SCOPED_TRACE(trace(c));
             for (const auto& [k, s] : kernel_cases(c.seed)) {
                 SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
-                check_op(count, "conv_transpose_grid", [&] { return c.grid.conv_transpose_grid(k, s); },
-                         oracle_conv_transpose_grid(c.oracle, k, s), map_transforms(c.transforms, transform_conv_transpose, s),
-                         c.grid);
+                check_op(
+                    count, "conv_transpose_grid", [&] { return c.grid.conv_transpose_grid(k, s); },
+                    oracle_conv_transpose_grid(c.oracle, k, s),
+                    map_transforms(c.transforms, transform_conv_transpose, s), c.grid);
             }
         }
     // The far batches (near +-2^30) must have exercised the overflow branch, the others the in-range one.
@@ -153,8 +155,9 @@ TEST_P(TopologyTest, CoarsenedGridMatchesOracle) {
             for (int n = 0; n < 2; ++n) factors.push_back(random_stride(rng));
             for (const Vec3i& f : factors) {
                 SCOPED_TRACE("factor=" + str(f));
-                check_op("coarsened_grid", [&] { return c.grid.coarsened_grid(f); }, oracle_coarsened_grid(c.oracle, f),
-                         map_transforms(c.transforms, transform_coarsened, f), c.grid);
+                check_op(
+                    "coarsened_grid", [&] { return c.grid.coarsened_grid(f); }, oracle_coarsened_grid(c.oracle, f),
+                    map_transforms(c.transforms, transform_coarsened, f), c.grid);
             }
         }
 }
@@ -168,19 +171,22 @@ TEST_P(TopologyTest, RefinedGridMatchesOracle) {
             Rng rng(c.seed + 23);
             const MemberLists lists = member_lists(c.grid);
             std::vector<Vec3i> factors{{1, 1, 1}, {2, 2, 2}, {3, 1, 2}};
-            factors.push_back({static_cast<int32_t>(uniform_int(rng, 1, 3)), static_cast<int32_t>(uniform_int(rng, 1, 3)),
+            factors.push_back({static_cast<int32_t>(uniform_int(rng, 1, 3)),
+                               static_cast<int32_t>(uniform_int(rng, 1, 3)),
                                static_cast<int32_t>(uniform_int(rng, 1, 3))});
             for (const Vec3i& f : factors) {
                 SCOPED_TRACE("factor=" + str(f));
                 const auto expected_transforms = map_transforms(c.transforms, transform_refined, f);
-                check_op(count, "refined_grid", [&] { return c.grid.refined_grid(f); },
-                         oracle_refined_grid(lists, f, {}), expected_transforms, c.grid);
+                check_op(
+                    count, "refined_grid", [&] { return c.grid.refined_grid(f); }, oracle_refined_grid(lists, f, {}),
+                    expected_transforms, c.grid);
                 for (double keep : {0.0, 0.5, 1.0}) {
                     const std::vector<uint8_t> mask = random_mask(rng, c.grid.num_voxels(), keep);
                     const DeviceArray<uint8_t> device_mask = on_device(mask);
                     SCOPED_TRACE("mask keep probability " + std::to_string(keep));
-                    check_op(count, "refined_grid", [&] { return c.grid.refined_grid(f, device_mask); },
-                             oracle_refined_grid(lists, f, mask), expected_transforms, c.grid);
+                    check_op(
+                        count, "refined_grid", [&] { return c.grid.refined_grid(f, device_mask); },
+                        oracle_refined_grid(lists, f, mask), expected_transforms, c.grid);
                 }
             }
         }
@@ -195,8 +201,9 @@ TEST_P(TopologyTest, DilatedGridMatchesOracle) {
             SCOPED_TRACE(trace(c));
             for (int32_t d : {0, 1, 2}) {
                 SCOPED_TRACE("distance=" + std::to_string(d));
-                check_op("dilated_grid", [&] { return c.grid.dilated_grid(d); }, oracle_dilated_grid(c.oracle, d),
-                         c.transforms, c.grid);
+                check_op(
+                    "dilated_grid", [&] { return c.grid.dilated_grid(d); }, oracle_dilated_grid(c.oracle, d),
+                    c.transforms, c.grid);
             }
         }
 }
@@ -213,8 +220,9 @@ TEST_P(TopologyTest, PrunedGridMatchesOracleAndKeepsOrder) {
                 SCOPED_TRACE("keep probability " + std::to_string(keep));
                 const std::vector<uint8_t> mask = random_mask(rng, c.grid.num_voxels(), keep);
                 const DeviceArray<uint8_t> device_mask = on_device(mask);
-                check_op("pruned_grid", [&] { return c.grid.pruned_grid(device_mask); }, oracle_pruned_grid(lists, mask),
-                         c.transforms, c.grid);
+                check_op(
+                    "pruned_grid", [&] { return c.grid.pruned_grid(device_mask); }, oracle_pruned_grid(lists, mask),
+                    c.transforms, c.grid);
                 // Order preserved: exactly the masked subsequence, with offsets counting kept voxels.
                 const GridBatch pruned = c.grid.pruned_grid(device_mask);
                 std::vector<Vec3i> subsequence;
@@ -241,14 +249,19 @@ TEST_P(TopologyTest, MergedGridMatchesOracle) {
             options.allow_far = far;
             const MemberLists other_members = random_members(rng, options);
             const GridBatch other = make_grid(other_members, c.transforms);
-            check_op("merged_grid", [&] { return c.grid.merged_grid(other); },
-                     oracle_merged_grid(c.oracle, oracle_from_lists(other_members)), c.transforms, c.grid);
-            check_op("merged_grid", [&] { return other.merged_grid(c.grid); },
-                     oracle_merged_grid(c.oracle, oracle_from_lists(other_members)), c.transforms, other);
-            check_op("merged_grid", [&] { return c.grid.merged_grid(c.grid); }, c.oracle, c.transforms, c.grid);
+            check_op(
+                "merged_grid", [&] { return c.grid.merged_grid(other); },
+                oracle_merged_grid(c.oracle, oracle_from_lists(other_members)), c.transforms, c.grid);
+            check_op(
+                "merged_grid", [&] { return other.merged_grid(c.grid); },
+                oracle_merged_grid(c.oracle, oracle_from_lists(other_members)), c.transforms, other);
+            check_op(
+                "merged_grid", [&] { return c.grid.merged_grid(c.grid); }, c.oracle, c.transforms, c.grid);
             const GridBatch empty = make_grid(MemberLists(c.members.size()), c.transforms);
-            check_op("merged_grid", [&] { return c.grid.merged_grid(empty); }, c.oracle, c.transforms, c.grid);
-            check_op("merged_grid", [&] { return empty.merged_grid(c.grid); }, c.oracle, c.transforms, empty);
+            check_op(
+                "merged_grid", [&] { return c.grid.merged_grid(empty); }, c.oracle, c.transforms, c.grid);
+            check_op(
+                "merged_grid", [&] { return empty.merged_grid(c.grid); }, c.oracle, c.transforms, empty);
         }
 }
 
@@ -285,7 +298,8 @@ TEST_P(TopologyTest, DesignCheckValuesEveryAxis) {
         // Lines along one axis are sorted by that coordinate in the documented order (non-negative part).
         EXPECT_EQ(make_grid(MemberLists{line(0, 15, axis)}).conv_grid(k4, s4).ijk_host(), line(0, 4, axis));
         EXPECT_EQ(make_grid(MemberLists{line(0, 0, axis)}).conv_transpose_grid(k4, s4).ijk_host(), line(-1, 2, axis));
-        EXPECT_EQ(make_grid(MemberLists{line(-3, 3, axis)}).conv_grid(Vec3i{1, 1, 1}, s3).ijk_host(), line(-1, 1, axis));
+        EXPECT_EQ(make_grid(MemberLists{line(-3, 3, axis)}).conv_grid(Vec3i{1, 1, 1}, s3).ijk_host(),
+                  line(-1, 1, axis));
     }
     // Scalar overload: all three axes at once.
     const GridBatch origin = make_grid(MemberLists{{{0, 0, 0}}});
@@ -298,9 +312,10 @@ TEST_P(TopologyTest, DesignCheckValuesEveryAxis) {
 }
 
 TEST_P(TopologyTest, HandWrittenOrder) {
-    const GridBatch grid =
-        make_grid(MemberLists{{{1, 0, 0}, {0, 0, 1}, {0, 1, 0}, {-1, 0, 0}, {0, 0, 0}, {0, 0, -1}, {2, 2, 2}}, {{5, 5, 5}}});
-    const std::vector<Vec3i> expected{{-1, 0, 0}, {0, 0, -1}, {0, 0, 0}, {0, 0, 1}, {0, 1, 0}, {1, 0, 0}, {2, 2, 2}, {5, 5, 5}};
+    const GridBatch grid = make_grid(
+        MemberLists{{{1, 0, 0}, {0, 0, 1}, {0, 1, 0}, {-1, 0, 0}, {0, 0, 0}, {0, 0, -1}, {2, 2, 2}}, {{5, 5, 5}}});
+    const std::vector<Vec3i> expected{{-1, 0, 0}, {0, 0, -1}, {0, 0, 0}, {0, 0, 1},
+                                      {0, 1, 0},  {1, 0, 0},  {2, 2, 2}, {5, 5, 5}};
     EXPECT_EQ(grid.ijk_host(), expected);
     EXPECT_EQ(grid.voxel_offsets(), (std::vector<int64_t>{0, 7, 8}));
 }
@@ -308,7 +323,8 @@ TEST_P(TopologyTest, HandWrittenOrder) {
 // ---- transforms -----------------------------------------------------------------------------------
 
 TEST_P(TopologyTest, TransformsFollowDesign) {
-    const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}}, {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
+    const std::vector<MemberTransform> transforms{{{0.5, 0.25, 2.0}, {1.0, -2.0, 3.5}},
+                                                  {{0.1, 0.3, 0.7}, {-4.0, 0.0, 9.0}}};
     const GridBatch grid = make_grid(MemberLists{{{0, 0, 0}, {3, -2, 7}}, {{-5, 1, 1}}}, transforms);
     const Vec3i k{3, 2, 5};
     const Vec3i s{1, 2, 3};
@@ -336,7 +352,8 @@ TEST_P(TopologyTest, TransformsFollowDesign) {
     const GridBatch refined = grid.refined_grid(f);
     for (int64_t m = 0; m < 2; ++m) {
         const Vec3d c{3.0, -2.0, 7.0};
-        const Vec3d centre{f[0] * c[0] + (f[0] - 1) / 2.0, f[1] * c[1] + (f[1] - 1) / 2.0, f[2] * c[2] + (f[2] - 1) / 2.0};
+        const Vec3d centre{f[0] * c[0] + (f[0] - 1) / 2.0, f[1] * c[1] + (f[1] - 1) / 2.0,
+                           f[2] * c[2] + (f[2] - 1) / 2.0};
         const Vec3d a = grid.index_to_world(m, c);
         const Vec3d b = refined.index_to_world(m, centre);
         for (int ax = 0; ax < 3; ++ax) EXPECT_NEAR(a[ax], b[ax], 1e-12) << "member " << m << " axis " << ax;
@@ -451,11 +468,10 @@ TEST_P(TopologyTest, EmptyMembersStayEmpty) {
     const std::vector<MemberTransform> transforms(4);
     const GridBatch grid = make_grid(MemberLists{{}, {{1, 2, 3}, {-4, 5, -6}}, {}, {{0, 0, 0}}}, transforms);
     const DeviceArray<uint8_t> all = on_device(std::vector<uint8_t>(static_cast<std::size_t>(grid.num_voxels()), 1));
-    const std::vector<GridBatch> results{grid.conv_grid(3, 2),       grid.conv_transpose_grid(3, 2),
-                                         grid.coarsened_grid(2),      grid.refined_grid(2),
-                                         grid.refined_grid(2, all),   grid.dilated_grid(1),
-                                         grid.pruned_grid(all),       grid.merged_grid(grid),
-                                         grid.conv_grid({2, 3, 1}, {1, 2, 3})};
+    const std::vector<GridBatch> results{
+        grid.conv_grid(3, 2),  grid.conv_transpose_grid(3, 2), grid.coarsened_grid(2),
+        grid.refined_grid(2),  grid.refined_grid(2, all),      grid.dilated_grid(1),
+        grid.pruned_grid(all), grid.merged_grid(grid),         grid.conv_grid({2, 3, 1}, {1, 2, 3})};
     for (std::size_t r = 0; r < results.size(); ++r) {
         SCOPED_TRACE("result " + std::to_string(r));
         EXPECT_TRUE(grid_is_well_formed(results[r], device()));
@@ -506,7 +522,8 @@ TEST_P(TopologyTest, LargeBatchMatchesOracle) {
     SCOPED_TRACE("seed=424242");
     MemberLists members(8);
     for (auto& member : members) {
-        const Vec3i centre{static_cast<int32_t>(uniform_int(rng, -200, 200)), static_cast<int32_t>(uniform_int(rng, -200, 200)),
+        const Vec3i centre{static_cast<int32_t>(uniform_int(rng, -200, 200)),
+                           static_cast<int32_t>(uniform_int(rng, -200, 200)),
                            static_cast<int32_t>(uniform_int(rng, -200, 200))};
         for (int32_t i = -8; i <= 8; ++i)
             for (int32_t j = -8; j <= 8; ++j)
@@ -521,7 +538,8 @@ TEST_P(TopologyTest, LargeBatchMatchesOracle) {
     EXPECT_LT(grid.num_voxels(), 30000);
     EXPECT_TRUE(grid_matches(grid, oracle, device()));
     EXPECT_TRUE(grid_matches(grid.conv_grid(3, 2), oracle_conv_grid(oracle, {3, 3, 3}, {2, 2, 2}), device()));
-    EXPECT_TRUE(grid_matches(grid.conv_grid({2, 3, 4}, {2, 1, 3}), oracle_conv_grid(oracle, {2, 3, 4}, {2, 1, 3}), device()));
+    EXPECT_TRUE(
+        grid_matches(grid.conv_grid({2, 3, 4}, {2, 1, 3}), oracle_conv_grid(oracle, {2, 3, 4}, {2, 1, 3}), device()));
     EXPECT_TRUE(grid_matches(grid.conv_transpose_grid(2, 2), oracle_conv_transpose_grid(oracle, {2, 2, 2}, {2, 2, 2}),
                              device()));
     EXPECT_TRUE(grid_matches(grid.coarsened_grid(3), oracle_coarsened_grid(oracle, {3, 3, 3}), device()));
@@ -529,8 +547,8 @@ TEST_P(TopologyTest, LargeBatchMatchesOracle) {
     const std::vector<uint8_t> mask = random_mask(rng, grid.num_voxels(), 0.3);
     const DeviceArray<uint8_t> device_mask = on_device(mask);
     EXPECT_TRUE(grid_matches(grid.pruned_grid(device_mask), oracle_pruned_grid(member_lists(grid), mask), device()));
-    EXPECT_TRUE(grid_matches(grid.refined_grid(2, device_mask), oracle_refined_grid(member_lists(grid), {2, 2, 2}, mask),
-                             device()));
+    EXPECT_TRUE(grid_matches(grid.refined_grid(2, device_mask),
+                             oracle_refined_grid(member_lists(grid), {2, 2, 2}, mask), device()));
 
     const GridBatch coarse = grid.conv_grid(3, 2);
     const KernelMap forward = sparsegrid::neighbour_map(grid, coarse, {3, 3, 3}, {2, 2, 2});

@@ -8,7 +8,9 @@ namespace sparsegrid_test {
 
 // ---- backends ----------------------------------------------------------------------------------------
 
-void PrintTo(const Backend& backend, std::ostream* os) { *os << backend.name << " (" << backend.context.device.str() << ")"; }
+void PrintTo(const Backend& backend, std::ostream* os) {
+    *os << backend.name << " (" << backend.context.device.str() << ")";
+}
 
 sparsegrid::Context cpu_context() { return sparsegrid::Context{}; }
 
@@ -61,7 +63,8 @@ std::vector<Vec3i> random_blob(Rng& rng, const Vec3i& centre, int32_t max_radius
     for (int32_t di = -radius[0]; di <= radius[0]; ++di)
         for (int32_t dj = -radius[1]; dj <= radius[1]; ++dj)
             for (int32_t dk = -radius[2]; dk <= radius[2]; ++dk)
-                if (uniform_real(rng, 0.0, 1.0) < density) out.push_back({centre[0] + di, centre[1] + dj, centre[2] + dk});
+                if (uniform_real(rng, 0.0, 1.0) < density)
+                    out.push_back({centre[0] + di, centre[1] + dj, centre[2] + dk});
     return out;
 }
 
@@ -102,16 +105,23 @@ MemberLists random_members(Rng& rng, const RandomBatchOptions& options) {
             const bool far = options.allow_far && uniform_int(rng, 0, 2) == 0;
             std::vector<Vec3i> part;
             switch (uniform_int(rng, 0, 2)) {
-                case 0: part = random_blob(rng, random_centre(rng, far), options.max_blob_radius); break;
-                case 1: part = random_scatter(rng, far); break;
-                default: part = random_line(rng); break;
+            case 0:
+                part = random_blob(rng, random_centre(rng, far), options.max_blob_radius);
+                break;
+            case 1:
+                part = random_scatter(rng, far);
+                break;
+            default:
+                part = random_line(rng);
+                break;
             }
             member.insert(member.end(), part.begin(), part.end());
         }
         // Duplicates and arbitrary order, which from_ijk must absorb.
         const int64_t duplicates = member.empty() ? 0 : uniform_int(rng, 0, 5);
         for (int64_t d = 0; d < duplicates; ++d)
-            member.push_back(member[static_cast<std::size_t>(uniform_int(rng, 0, static_cast<int64_t>(member.size()) - 1))]);
+            member.push_back(
+                member[static_cast<std::size_t>(uniform_int(rng, 0, static_cast<int64_t>(member.size()) - 1))]);
         std::shuffle(member.begin(), member.end(), rng);
     }
     return members;
@@ -141,7 +151,8 @@ Vec3i random_stride(Rng& rng) {
 std::vector<uint8_t> random_mask(Rng& rng, int64_t count, double keep_probability) {
     std::vector<uint8_t> mask(static_cast<std::size_t>(count));
     // Nonzero bytes other than 1 must also mean "keep".
-    for (auto& m : mask) m = uniform_real(rng, 0.0, 1.0) < keep_probability ? static_cast<uint8_t>(uniform_int(rng, 1, 255)) : 0;
+    for (auto& m : mask)
+        m = uniform_real(rng, 0.0, 1.0) < keep_probability ? static_cast<uint8_t>(uniform_int(rng, 1, 255)) : 0;
     return mask;
 }
 
@@ -160,8 +171,7 @@ MemberLists member_lists(const GridBatch& grid) {
     const std::vector<Vec3i> ijk = grid.ijk_host();
     const std::vector<int64_t>& offsets = grid.voxel_offsets();
     MemberLists out(static_cast<std::size_t>(grid.batch_size()));
-    for (std::size_t m = 0; m < out.size(); ++m)
-        out[m].assign(ijk.begin() + offsets[m], ijk.begin() + offsets[m + 1]);
+    for (std::size_t m = 0; m < out.size(); ++m) out[m].assign(ijk.begin() + offsets[m], ijk.begin() + offsets[m + 1]);
     return out;
 }
 
@@ -170,15 +180,18 @@ MemberLists member_lists(const GridBatch& grid) {
         return ::testing::AssertionFailure() << "grid on " << grid.device().str() << " (context "
                                              << grid.context().device.str() << "), expected " << device.str();
     if (grid.voxel_offsets_buffer().device() != device)
-        return ::testing::AssertionFailure() << "voxel_offsets_buffer() on " << grid.voxel_offsets_buffer().device().str()
-                                             << ", expected " << device.str();
+        return ::testing::AssertionFailure()
+            << "voxel_offsets_buffer() on " << grid.voxel_offsets_buffer().device().str() << ", expected "
+            << device.str();
     // An empty buffer holds no memory, so only a non-empty one has to be on the device.
     if (!grid.ijk().empty() && grid.ijk().device() != device)
-        return ::testing::AssertionFailure() << "ijk() on " << grid.ijk().device().str() << ", expected " << device.str();
+        return ::testing::AssertionFailure()
+            << "ijk() on " << grid.ijk().device().str() << ", expected " << device.str();
     const int64_t batch = grid.batch_size();
     const std::vector<int64_t>& offsets = grid.voxel_offsets();
     if (static_cast<int64_t>(offsets.size()) != batch + 1)
-        return ::testing::AssertionFailure() << "voxel_offsets has " << offsets.size() << " entries, batch_size " << batch;
+        return ::testing::AssertionFailure()
+            << "voxel_offsets has " << offsets.size() << " entries, batch_size " << batch;
     if (offsets.front() != 0) return ::testing::AssertionFailure() << "voxel_offsets[0] = " << offsets.front();
     for (int64_t m = 0; m < batch; ++m) {
         if (offsets[m + 1] < offsets[m])
@@ -188,13 +201,13 @@ MemberLists member_lists(const GridBatch& grid) {
                                                  << ", offsets say " << offsets[m + 1] - offsets[m];
     }
     if (offsets.back() != grid.num_voxels())
-        return ::testing::AssertionFailure() << "voxel_offsets.back() = " << offsets.back() << ", num_voxels() = "
-                                             << grid.num_voxels();
+        return ::testing::AssertionFailure()
+            << "voxel_offsets.back() = " << offsets.back() << ", num_voxels() = " << grid.num_voxels();
     if (grid.voxel_offsets_buffer().to_host() != offsets)
         return ::testing::AssertionFailure() << "voxel_offsets_buffer() differs from voxel_offsets()";
     if (grid.ijk().size() != 3 * grid.num_voxels())
-        return ::testing::AssertionFailure() << "ijk() has " << grid.ijk().size() << " ints for " << grid.num_voxels()
-                                             << " voxels";
+        return ::testing::AssertionFailure()
+            << "ijk() has " << grid.ijk().size() << " ints for " << grid.num_voxels() << " voxels";
     const std::vector<Vec3i> ijk = grid.ijk_host();
     if (static_cast<int64_t>(ijk.size()) != grid.num_voxels())
         return ::testing::AssertionFailure() << "ijk_host() has " << ijk.size() << " voxels";
@@ -273,9 +286,9 @@ MemberLists member_lists(const GridBatch& grid) {
             const double o_tol = rel_tol * std::max({1.0, std::fabs(os[1]), std::fabs(hs[1])});
             if (!(std::fabs(hs[0] - hs[1]) <= h_tol) || !(std::fabs(os[0] - os[1]) <= o_tol))
                 return ::testing::AssertionFailure()
-                       << "member " << m << ": voxel_size " << str(actual[m].voxel_size) << " origin "
-                       << str(actual[m].origin) << ", expected voxel_size " << str(expected[m].voxel_size)
-                       << " origin " << str(expected[m].origin);
+                    << "member " << m << ": voxel_size " << str(actual[m].voxel_size) << " origin "
+                    << str(actual[m].origin) << ", expected voxel_size " << str(expected[m].voxel_size) << " origin "
+                    << str(expected[m].origin);
         }
     return ::testing::AssertionSuccess();
 }
@@ -288,13 +301,13 @@ std::vector<int32_t> map_host(const KernelMap& map) {
 
 ::testing::AssertionResult maps_equal(const KernelMap& actual, const KernelMap& expected) {
     if (actual.num_source() != expected.num_source() || actual.num_target() != expected.num_target())
-        return ::testing::AssertionFailure() << "shape source " << actual.num_source() << " target "
-                                             << actual.num_target() << ", expected source " << expected.num_source()
-                                             << " target " << expected.num_target();
+        return ::testing::AssertionFailure()
+            << "shape source " << actual.num_source() << " target " << actual.num_target() << ", expected source "
+            << expected.num_source() << " target " << expected.num_target();
     if (actual.kernel_size() != expected.kernel_size() || actual.stride() != expected.stride())
-        return ::testing::AssertionFailure() << "K " << str(actual.kernel_size()) << " S " << str(actual.stride())
-                                             << ", expected K " << str(expected.kernel_size()) << " S "
-                                             << str(expected.stride());
+        return ::testing::AssertionFailure()
+            << "K " << str(actual.kernel_size()) << " S " << str(actual.stride()) << ", expected K "
+            << str(expected.kernel_size()) << " S " << str(expected.stride());
     if (actual.direction() != expected.direction()) return ::testing::AssertionFailure() << "direction differs";
     const std::vector<int32_t> a = map_host(actual);
     const std::vector<int32_t> e = map_host(expected);
@@ -302,26 +315,26 @@ std::vector<int32_t> map_host(const KernelMap& map) {
     const int64_t kvol = expected.kernel_volume();
     for (std::size_t n = 0; n < a.size(); ++n)
         if (a[n] != e[n])
-            return ::testing::AssertionFailure() << "entry [target " << static_cast<int64_t>(n) / kvol << ", tap "
-                                                 << static_cast<int64_t>(n) % kvol << "] = " << a[n] << ", expected "
-                                                 << e[n];
+            return ::testing::AssertionFailure()
+                << "entry [target " << static_cast<int64_t>(n) / kvol << ", tap " << static_cast<int64_t>(n) % kvol
+                << "] = " << a[n] << ", expected " << e[n];
     return ::testing::AssertionSuccess();
 }
 
 ::testing::AssertionResult map_matches_oracle(const KernelMap& map, const GridBatch& source, const GridBatch& target,
                                               const Vec3i& kernel_size, const Vec3i& stride, MapDirection direction) {
     if (map.num_source() != source.num_voxels() || map.num_target() != target.num_voxels())
-        return ::testing::AssertionFailure() << "map shape source " << map.num_source() << " target "
-                                             << map.num_target() << ", grids have " << source.num_voxels() << " and "
-                                             << target.num_voxels();
+        return ::testing::AssertionFailure()
+            << "map shape source " << map.num_source() << " target " << map.num_target() << ", grids have "
+            << source.num_voxels() << " and " << target.num_voxels();
     if (map.kernel_size() != kernel_size || map.stride() != stride || map.direction() != direction)
         return ::testing::AssertionFailure() << "map K/S/direction differ from the request";
     if (map.device() != source.device() || map.device() != target.device())
         return ::testing::AssertionFailure() << "map on " << map.device().str() << ", grids on "
                                              << source.device().str() << " and " << target.device().str();
     const std::vector<int32_t> got = map_host(map);
-    const std::vector<int32_t> want =
-        oracle_neighbour_map(member_lists(source), member_lists(target), kernel_size, stride, direction);
+    const std::vector<int32_t> want = oracle_neighbour_map(member_lists(source), member_lists(target), kernel_size,
+                                                           stride, direction);
     if (got.size() != want.size())
         return ::testing::AssertionFailure() << "map has " << got.size() << " entries, expected " << want.size();
     const int64_t kvol = kernel_volume(kernel_size);
@@ -332,8 +345,8 @@ std::vector<int32_t> map_host(const KernelMap& map) {
         if (got[n] != want[n]) {
             const int64_t row = static_cast<int64_t>(n) / kvol;
             return ::testing::AssertionFailure()
-                   << "entry [target " << row << " " << str(target_ijk[static_cast<std::size_t>(row)]) << ", tap "
-                   << static_cast<int64_t>(n) % kvol << "] = " << got[n] << ", expected " << want[n];
+                << "entry [target " << row << " " << str(target_ijk[static_cast<std::size_t>(row)]) << ", tap "
+                << static_cast<int64_t>(n) % kvol << "] = " << got[n] << ", expected " << want[n];
         }
     }
     if (map.num_edges() != edges)
@@ -345,17 +358,18 @@ std::vector<int32_t> map_host(const KernelMap& map) {
     const sparsegrid::PairLists pairs = map.pairs_by_tap();
     const int64_t kvol = map.kernel_volume();
     if (static_cast<int64_t>(pairs.tap_offsets.size()) != kvol + 1)
-        return ::testing::AssertionFailure() << "tap_offsets has " << pairs.tap_offsets.size() << " entries, Kvol "
-                                             << kvol;
+        return ::testing::AssertionFailure()
+            << "tap_offsets has " << pairs.tap_offsets.size() << " entries, Kvol " << kvol;
     if (pairs.tap_offsets.front() != 0) return ::testing::AssertionFailure() << "tap_offsets[0] != 0";
     for (const sparsegrid::Buffer<int32_t>* buffer : {&pairs.source_index, &pairs.target_index})
         if (!buffer->empty() && buffer->device() != map.device())
-            return ::testing::AssertionFailure() << "pair list on " << buffer->device().str() << ", map on "
-                                                 << map.device().str();
+            return ::testing::AssertionFailure()
+                << "pair list on " << buffer->device().str() << ", map on " << map.device().str();
     const std::vector<int32_t> dense = map_host(map);
     const std::vector<int32_t> source = pairs.source_index.to_host();
     const std::vector<int32_t> target = pairs.target_index.to_host();
-    if (static_cast<int64_t>(source.size()) != pairs.num_pairs() || static_cast<int64_t>(target.size()) != pairs.num_pairs())
+    if (static_cast<int64_t>(source.size()) != pairs.num_pairs() ||
+        static_cast<int64_t>(target.size()) != pairs.num_pairs())
         return ::testing::AssertionFailure() << "pair buffers have " << source.size() << "/" << target.size()
                                              << " entries, num_pairs " << pairs.num_pairs();
     for (int64_t t = 0; t < kvol; ++t) {
@@ -371,15 +385,15 @@ std::vector<int32_t> map_host(const KernelMap& map) {
         const int64_t end = pairs.tap_offsets[static_cast<std::size_t>(t + 1)];
         if (end < begin) return ::testing::AssertionFailure() << "tap_offsets decrease at tap " << t;
         if (end - begin != static_cast<int64_t>(want_source.size()))
-            return ::testing::AssertionFailure() << "tap " << t << " has " << end - begin << " pairs, map has "
-                                                 << want_source.size() << " edges";
+            return ::testing::AssertionFailure()
+                << "tap " << t << " has " << end - begin << " pairs, map has " << want_source.size() << " edges";
         for (int64_t e = begin; e < end; ++e) {
             if (e > begin && !(target[e - 1] < target[e]))
                 return ::testing::AssertionFailure() << "tap " << t << ": targets not increasing at pair " << e;
             if (source[e] != want_source[e - begin] || target[e] != want_target[e - begin])
-                return ::testing::AssertionFailure() << "tap " << t << " pair " << e - begin << " = (" << source[e]
-                                                     << " -> " << target[e] << "), expected ("
-                                                     << want_source[e - begin] << " -> " << want_target[e - begin] << ")";
+                return ::testing::AssertionFailure()
+                    << "tap " << t << " pair " << e - begin << " = (" << source[e] << " -> " << target[e]
+                    << "), expected (" << want_source[e - begin] << " -> " << want_target[e - begin] << ")";
         }
     }
     return ::testing::AssertionSuccess();
