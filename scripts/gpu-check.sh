@@ -6,7 +6,8 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv train vae (default: all of them, in that order). The
+#   PHASE: build test python memcheck bench conv train vae baseline (default: all but baseline, in that
+#   order; baseline compares with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
 #   to date, so "conv train" on a warm build folder goes straight to the benchmarks.
 # Writes into OUT_DIR two files: gpu-check.log (every step's output and a PASS/FAIL summary) and
@@ -43,21 +44,25 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
 
 { nvidia-smi -L; nvcc --version | tail -2; echo "phases: $phases"; } >>"$log" 2>&1
 export SPARSEGRID_CUDA_ARCHS="${SPARSEGRID_CUDA_ARCHS:-90a-real}"
+# CMake packages: torch's when python3 has it, and GoogleTest staged by scripts/stage-device.sh in
+# .device/gtest for a GPU machine without it.
+prefix_path=()
+[ -d "$root/.device/gtest" ] && prefix_path+=("$root/.device/gtest")
 torch_args=()
 if python3 -c "import torch" >/dev/null 2>&1; then
   # Torch's CMake package would otherwise probe the GPU for its own (unused) architecture flags.
   export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
-  torch_args=(-DSPARSEGRID_WITH_TORCH=ON
-    -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
+  torch_args=(-DSPARSEGRID_WITH_TORCH=ON)
+  prefix_path+=("$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')")
 fi
+cmake_args=(-DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WARNINGS_AS_ERRORS=ON)
+[ ${#prefix_path[@]} -gt 0 ] && cmake_args+=(-DCMAKE_PREFIX_PATH="$(IFS=';'; echo "${prefix_path[*]}")")
 if [ ! -f "$build/build.ninja" ]; then
-  step configure "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON -DSPARSEGRID_BUILD_TOOLS=ON \
-    -DSPARSEGRID_WARNINGS_AS_ERRORS=ON ${torch_args[@]+"${torch_args[@]}"}
+  step configure "$root/scripts/configure.sh" "$build" "${cmake_args[@]}" ${torch_args[@]+"${torch_args[@]}"}
   if [ ${#torch_args[@]} -gt 0 ] && [[ ${summary[-1]} == FAIL* ]]; then
     # A Torch package that fails to configure must not cost the CUDA checks: they run without the layer
     # (the failed configure above still fails the run).
-    step "configure without torch" "$root/scripts/configure.sh" "$build" -DSPARSEGRID_BUILD_TESTS=ON \
-      -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WARNINGS_AS_ERRORS=ON -DSPARSEGRID_WITH_TORCH=OFF
+    step "configure without torch" "$root/scripts/configure.sh" "$build" "${cmake_args[@]}" -DSPARSEGRID_WITH_TORCH=OFF
   fi
 fi
 # Everything is rebuilt when sources changed (ninja does nothing otherwise).
@@ -157,6 +162,53 @@ if want vae && [ $have_layer = 1 ]; then
   step "vae b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/vae.py' --device cuda --batch 16 --resolution 64 \
     --shapes 256 --iterations ${SPARSEGRID_VAE_ITERATIONS:-1000} --print-every 50 --output '$out/vae' \
     | tee '$out/vae.md'"
+fi
+
+if want baseline; then
+  # The topology and convolution tables of another tree, built here without the PyTorch layer, run
+  # alternately with this tree's on the same GPU: SPARSEGRID_BASELINE names a .tar.gz of that tree
+  # (git archive -o .device/baseline.tar.gz COMMIT). The output voxel counts of every bench row both
+  # trees have must agree.
+  if [ -f "${SPARSEGRID_BASELINE:-}" ]; then
+    base_src="$build/baseline-src"
+    base_build="$build/baseline"
+    rm -rf "$base_src"
+    mkdir -p "$base_src"
+    tar xzf "$SPARSEGRID_BASELINE" -C "$base_src"
+    [ -f "$base_build/build.ninja" ] || step "baseline configure" "$base_src/scripts/configure.sh" "$base_build" \
+      -DSPARSEGRID_BUILD_TESTS=OFF -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WITH_TORCH=OFF
+    step "baseline build" cmake --build "$base_build" -j "$(nproc)" --target sparsegrid_cli
+    for round in 1 2; do
+      for tree in baseline current; do
+        tool="$build/tools/sparsegrid"
+        [ $tree = baseline ] && tool="$base_build/tools/sparsegrid"
+        step "$tree bench b16 ($round)" "$tool" bench --device cuda --input "$root/data/reference_batch_r64.txt" \
+          --members 16 --repeats "${SPARSEGRID_BENCH_REPEATS:-30}" --warmup 5 --json "$out/${tree}_bench_b16_$round.json"
+        for dtype in float32 float16; do
+          step "$tree conv $dtype ($round)" bash -c "'$tool' conv --device cuda --members 16 --dtype $dtype \
+            --input '$root/data/reference_batch_r64.txt' --repeats 20 --warmup 5 | tee '$out/${tree}_conv_${dtype}_$round.md'"
+        done
+      done
+    done
+    step "baseline voxel counts" python3 - "$out/baseline_bench_b16_1.json" "$out/current_bench_b16_1.json" <<'PY'
+import json, sys
+base, current = ({row["operation"]: row for row in json.load(open(p))["rows"]} for p in sys.argv[1:3])
+print(f"{'operation':36} {'voxels':>10} {'base ms':>9} {'this ms':>9} {'this/base':>9}")
+bad = 0
+for name, row in current.items():
+    if name not in base:
+        print(f"{name:36} {row['output_voxels']:>10} {'(new)':>9} {row['median_ms']:>9.3f}")
+        continue
+    same = row["output_voxels"] == base[name]["output_voxels"]
+    bad += not same
+    ratio = row["median_ms"] / base[name]["median_ms"] if base[name]["median_ms"] else float("nan")
+    print(f"{name:36} {row['output_voxels']:>10} {base[name]['median_ms']:>9.3f} {row['median_ms']:>9.3f} "
+          f"{ratio:>8.2f}x{'' if same else '  VOXEL COUNT DIFFERS: ' + str(base[name]['output_voxels'])}")
+sys.exit(1 if bad else 0)
+PY
+  else
+    summary+=("SKIP baseline (SPARSEGRID_BASELINE does not name a .tar.gz of the tree to compare with)")
+  fi
 fi
 
 {

@@ -3,9 +3,9 @@
 set -euo pipefail
 
 # The PyTorch layer and its tests use Debian's torch (CPU) with its CMake package, pytest, and matplotlib
-# for the training example's figures.
+# for the training example's figures; the layout test checks the code style with clang-format.
 packages=(build-essential cmake ninja-build ccache libgtest-dev googletest libassimp-dev libtorch-dev python3-torch
-  python3-pytest python3-matplotlib)
+  python3-pytest python3-matplotlib clang-format)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

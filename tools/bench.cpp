@@ -299,6 +299,51 @@ HostBatch even_index_voxels(const HostBatch& batch) {
     return even;
 }
 
+/// The lower half (along i) of the batch's box, one box for every member: what clipped_grid keeps.
+std::pair<Vec3i, Vec3i> lower_half_box(const sparsegrid::CoordBox& box) {
+    Vec3i hi = box.hi;
+    hi[0] = box.lo[0] + (box.hi[0] - box.lo[0]) / 2;
+    return {box.lo, hi};
+}
+
+HostBatch voxels_inside(const HostBatch& batch, const Vec3i& lo, const Vec3i& hi) {
+    HostBatch inside;
+    for (int64_t member = 0; member < batch.batch_size(); ++member) {
+        for (int64_t v = batch.offsets[member]; v < batch.offsets[member + 1]; ++v) {
+            const Vec3i& x = batch.voxels[v];
+            if (lo[0] <= x[0] && x[0] <= hi[0] && lo[1] <= x[1] && x[1] <= hi[1] && lo[2] <= x[2] && x[2] <= hi[2])
+                inside.voxels.push_back(x);
+        }
+        inside.offsets.push_back(inside.num_voxels());
+    }
+    return inside;
+}
+
+BenchCase bbox_case(const Workload& w) {
+    BenchCase c;
+    c.operation = "bbox";
+    c.run = [&w] {
+        const Buffer<int32_t> boxes = w.grid.bbox();
+        return boxes.size() / 6;
+    };
+    c.check = [&w] {
+        const std::vector<sparsegrid::CoordBox> boxes = w.grid.bbox_host();
+        const HostBatch& host = w.grid_host;
+        for (int64_t m = 0; m < host.batch_size(); ++m) {
+            sparsegrid::CoordBox expected;
+            for (int64_t v = host.offsets[m]; v < host.offsets[m + 1]; ++v)
+                for (int a = 0; a < 3; ++a) {
+                    const bool first = v == host.offsets[m];
+                    expected.lo[a] = first ? host.voxels[v][a] : std::min(expected.lo[a], host.voxels[v][a]);
+                    expected.hi[a] = first ? host.voxels[v][a] : std::max(expected.hi[a], host.voxels[v][a]);
+                }
+            if (boxes[m] != expected) return "member " + std::to_string(m) + " has a different box";
+        }
+        return std::string();
+    };
+    return c;
+}
+
 std::vector<BenchCase> topology_cases(const Workload& w) {
     std::vector<BenchCase> cases;
     cases.push_back(from_ijk_case(w));
@@ -332,6 +377,18 @@ std::vector<BenchCase> topology_cases(const Workload& w) {
     cases.push_back(grid_case(
         w, "merged_grid(two halves)", [&w] { return w.even_half.merged_grid(w.odd_half); },
         [&w] { return packed_keys(w.grid_host); }, false));
+    cases.push_back(grid_case(
+        w, "clipped_grid(lower half)",
+        [&w] {
+            const auto [lo, hi] = lower_half_box(w.grid.coordinate_box());
+            return w.grid.clipped_grid({lo}, {hi}).grid;
+        },
+        [&w] {
+            const auto [lo, hi] = lower_half_box(w.grid.coordinate_box());
+            return packed_keys(voxels_inside(w.grid_host, lo, hi));
+        },
+        false));
+    cases.push_back(bbox_case(w));
     return cases;
 }
 

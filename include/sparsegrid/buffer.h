@@ -3,7 +3,7 @@
 // what makes GridBatch and KernelMap cheap to copy and safe to share.
 #pragma once
 
-#include <sparsegrid/types.h>
+#include <sparsegrid/context.h>
 
 #include <cstdint>
 #include <memory>

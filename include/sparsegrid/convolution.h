@@ -24,13 +24,6 @@
 
 namespace sparsegrid {
 
-/// Element type of features and weights. Float16 and BFloat16 run on CUDA only and accumulate in
-/// float32.
-enum class DType : int8_t { Float32 = 0, Float64 = 1, Float16 = 2, BFloat16 = 3 };
-
-/// Bytes of one element of `dtype`.
-constexpr int64_t dtype_size(DType dtype) { return dtype == DType::Float64 ? 8 : dtype == DType::Float32 ? 4 : 2; }
-
 namespace detail {
 struct PlanMaps;
 }

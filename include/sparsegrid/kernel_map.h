@@ -18,17 +18,6 @@
 
 namespace sparsegrid {
 
-enum class MapDirection : int8_t { Forward = 0, Transposed = 1 };
-
-/// Edges grouped by tap (CSR): edges of tap t are [tap_offsets[t], tap_offsets[t+1]) of
-/// source_index / target_index, in increasing target index. Built from the neighbour map.
-struct PairLists {
-    std::vector<int64_t> tap_offsets;  ///< host, kernel_volume + 1 entries
-    Buffer<int32_t> source_index;      ///< on the map's device
-    Buffer<int32_t> target_index;      ///< on the map's device
-    int64_t num_pairs() const { return tap_offsets.empty() ? 0 : tap_offsets.back(); }
-};
-
 class KernelMap {
 public:
     KernelMap() = default;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sparsegrid/buffer.h>
+#include <sparsegrid/context.h>
 #include <sparsegrid/convolution.h>
 #include <sparsegrid/grid_batch.h>
 #include <sparsegrid/io.h>

@@ -50,13 +50,13 @@ _Grid = torch.classes.sparsegrid.GridBatch
 _Plan = torch.classes.sparsegrid.ConvolutionPlan
 
 
-def _triple(value, name):
+def _triple(value):
+    """A per-axis value (kernel size, stride, factor) as the layer takes it: an int becomes [v, v, v], a
+    sequence a list of ints. Only a conversion: the layer checks the count and the core the values
+    (RuntimeError naming the argument)."""
     if isinstance(value, int):
         return [value, value, value]
-    values = [int(v) for v in value]
-    if len(values) != 3:
-        raise ValueError(f"{name} must be an int or 3 ints, got {value!r}")
-    return values
+    return [int(v) for v in value]
 
 
 def _per_member(value, batch_size, name, default):
@@ -209,18 +209,17 @@ class GridBatch:
         return self._handle.origins()
 
     def conv_grid(self, kernel_size, stride=1):
-        return GridBatch(self._handle.conv_grid(_triple(kernel_size, "kernel_size"), _triple(stride, "stride")))
+        return GridBatch(self._handle.conv_grid(_triple(kernel_size), _triple(stride)))
 
     def conv_transpose_grid(self, kernel_size, stride=1):
-        return GridBatch(self._handle.conv_transpose_grid(_triple(kernel_size, "kernel_size"),
-                                                          _triple(stride, "stride")))
+        return GridBatch(self._handle.conv_transpose_grid(_triple(kernel_size), _triple(stride)))
 
     def coarsened_grid(self, factor):
-        return GridBatch(self._handle.coarsened_grid(_triple(factor, "factor")))
+        return GridBatch(self._handle.coarsened_grid(_triple(factor)))
 
     def refined_grid(self, factor, mask=None):
         mask = None if mask is None else _on_device(mask, self.device)
-        return GridBatch(self._handle.refined_grid(_triple(factor, "factor"), mask))
+        return GridBatch(self._handle.refined_grid(_triple(factor), mask))
 
     def dilated_grid(self, distance):
         return GridBatch(self._handle.dilated_grid(int(distance)))
@@ -231,6 +230,18 @@ class GridBatch:
     def merged_grid(self, other):
         return GridBatch(self._handle.merged_grid(other._handle))
 
+    def clipped_grid(self, ijk_min, ijk_max, return_index=False):
+        """The voxels of each member inside the inclusive box [ijk_min, ijk_max], in their order, with the
+        transforms unchanged. ijk_min and ijk_max: integer coordinates, 3 values (one box for every
+        member) or [batch_size, 3] (one per member), as a sequence or a tensor on any device (host
+        metadata: a CUDA tensor costs a synchronisation); a box with ijk_min > ijk_max on some axis
+        keeps nothing. With return_index=True, returns (grid, kept_index): kept_index [N_kept] int64 on
+        the grid's device holds the index in this grid of each kept voxel (increasing), so that features
+        follow as features[kept_index]. Cost on CUDA: one host synchronisation (the kept counts)."""
+        handle, kept_index = self._handle.clipped_grid(_on_device(ijk_min, "cpu"), _on_device(ijk_max, "cpu"))
+        grid = GridBatch(handle)
+        return (grid, kept_index) if return_index else grid
+
     def ijk_to_index(self, ijk):
         """Global voxel index [Q] int64 of each coordinate (one int tensor [Q_m, 3] per member, on the
         grid's device), or -1."""
@@ -240,6 +251,12 @@ class GridBatch:
             raise ValueError(f"ijk_to_index: expected {self.batch_size} query lists, got {len(ijk)}")
         members = [_on_device(m, self.device).reshape(-1, 3).to(torch.int32) for m in ijk]
         return self._handle.ijk_to_index(torch.cat(members).contiguous(), _offsets(members))
+
+    def bbox(self):
+        """Per-member inclusive bounds of the voxels: int32 [batch_size, 2, 3] on the grid's device, [m, 0]
+        the smallest and [m, 1] the largest (i, j, k) of member m. An empty member has hi < lo (lo = 0,
+        hi = -1 on every axis). No host synchronisation."""
+        return self._handle.bbox()
 
     def __repr__(self):
         return f"GridBatch(batch_size={self.batch_size}, num_voxels={self.num_voxels}, device={self.device})"
@@ -254,16 +271,14 @@ class ConvolutionPlan:
     @staticmethod
     def from_grid(source, kernel_size, stride=1, target=None):
         """Forward (strided) convolution; target None means source.conv_grid(kernel_size, stride)."""
-        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size, "kernel_size"),
-                                          _triple(stride, "stride"), None if target is None else target._handle,
-                                          False))
+        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size), _triple(stride),
+                                          None if target is None else target._handle, False))
 
     @staticmethod
     def from_grid_transposed(source, kernel_size, stride=1, target=None):
         """Transposed convolution; target None means source.conv_transpose_grid(kernel_size, stride)."""
-        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size, "kernel_size"),
-                                          _triple(stride, "stride"), None if target is None else target._handle,
-                                          True))
+        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size), _triple(stride),
+                                          None if target is None else target._handle, True))
 
     def transposed(self):
         return ConvolutionPlan(self._handle.transposed())

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from . import ConvolutionPlan
+from . import ConvolutionPlan, _triple
 
 __all__ = [
     "SparseFeatures",
@@ -54,10 +54,6 @@ class SparseFeatures:
 
     def __repr__(self):
         return f"SparseFeatures({self.grid!r}, channels={self.features.shape[1]})"
-
-
-def _triple(value):
-    return [value] * 3 if isinstance(value, int) else [int(v) for v in value]
 
 
 def _plan(grid, kernel_size, stride, transposed, target=None, same_grid=False):

@@ -5,7 +5,7 @@
 // voxels (triangle_box.h explains why nothing is contracted into an FMA).
 #pragma once
 
-#include "core/checks.h"
+#include "core/errors.h"
 #include "core/triangle_box.h"
 
 #include <cfloat>
@@ -105,23 +105,21 @@ SG_HD int32_t first_bad_vertex(const int32_t* vertices, int64_t member_vertices)
 [[noreturn]] inline void throw_mesh_vertex_index(int64_t member, int64_t face, const int32_t* vertices,
                                                  int64_t member_vertices) {
     const int32_t bad = first_bad_vertex(vertices, member_vertices);
-    throw_error("GridBatch::from_mesh: face ", face, " of member ", member, " refers to vertex ",
-                vertices[bad < 0 ? 0 : bad], "; member ", member, " has ", member_vertices,
-                " vertices (indices are member-local)");
+    throw_error("face ", face, " of member ", member, " refers to vertex ", vertices[bad < 0 ? 0 : bad], "; member ",
+                member, " has ", member_vertices, " vertices (indices are member-local)");
 }
 
 [[noreturn]] inline void throw_mesh_triangle(int64_t member, int64_t face, const int32_t* vertices,
                                              const TriangleProblem& problem) {
     if (problem.kind == TriangleProblem::kNotFinite)
-        throw_error("GridBatch::from_mesh: face ", face, " of member ", member, " has vertex ", vertices[problem.which],
+        throw_error("face ", face, " of member ", member, " has vertex ", vertices[problem.which],
                     " whose coordinates are not finite (after the member's transform)");
-    throw_error("GridBatch::from_mesh: face ", face, " of member ", member,
-                " reaches voxel indices outside int32 on axis ", problem.which);
+    throw_error("face ", face, " of member ", member, " reaches voxel indices outside int32 on axis ", problem.which);
 }
 
 [[noreturn]] inline void throw_mesh_candidate_overflow() {
     throw_error(
-        "GridBatch::from_mesh: the candidate voxels (those of every triangle's bounding box) must number "
+        "the candidate voxels (those of every triangle's bounding box) must number "
         "less than 2^63 - 1 (int64), got more; use larger voxels or smaller triangles");
 }
 

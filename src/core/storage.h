@@ -2,7 +2,7 @@
 #pragma once
 
 #include <sparsegrid/buffer.h>
-#include <sparsegrid/grid_batch.h>
+#include <sparsegrid/types.h>
 
 #include <vector>
 

@@ -1,8 +1,11 @@
-#include "cpu/convolution_cpu.h"
-
+// CPU execution of convolutions over a neighbour map, output stationary: each output row is computed by
+// one thread, in a fixed order, so results do not depend on the thread count.
+#include "backend/backend.h"
+#include "core/errors.h"
 #include "cpu/parallel.h"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 namespace sparsegrid::detail::cpu {
@@ -178,25 +181,52 @@ void map_weight_gradient_typed(const int32_t* map, int64_t rows, int32_t volume,
 
 }  // namespace
 
-void map_convolution(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* weight,
-                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
-                     const Context&) {
-    if (dtype == DType::Float32)
-        map_convolution_typed(map, rows, volume, static_cast<const float*>(x), static_cast<const float*>(weight),
-                              transpose_weight, static_cast<float*>(out), x_channels, out_channels);
-    else
-        map_convolution_typed(map, rows, volume, static_cast<const double*>(x), static_cast<const double*>(weight),
-                              transpose_weight, static_cast<double*>(out), x_channels, out_channels);
-}
-
-void map_weight_gradient(const int32_t* map, int64_t rows, int32_t volume, const void* x, const void* grad,
-                         void* grad_weight, int64_t in_channels, int64_t out_channels, DType dtype, const Context&) {
-    if (dtype == DType::Float32)
-        map_weight_gradient_typed(map, rows, volume, static_cast<const float*>(x), static_cast<const float*>(grad),
-                                  static_cast<float*>(grad_weight), in_channels, out_channels);
-    else
-        map_weight_gradient_typed(map, rows, volume, static_cast<const double*>(x), static_cast<const double*>(grad),
-                                  static_cast<double*>(grad_weight), in_channels, out_channels);
-}
-
 }  // namespace sparsegrid::detail::cpu
+
+// ---- backend entry points -------------------------------------------------------------------------
+
+namespace sparsegrid::detail {
+
+using namespace cpu;
+
+Buffer<int32_t> CpuBackend::row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
+    // Rows stably sorted by their tap sets (bit t for tap t), the permutation the CUDA backend builds.
+    std::vector<uint64_t> taps(static_cast<size_t>(rows), 0);
+    parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
+        for (int64_t r = begin; r < end; ++r)
+            for (int32_t t = 0; t < volume; ++t)
+                if (map[r * volume + t] >= 0) taps[r] |= uint64_t{1} << t;
+    });
+    std::vector<int32_t> order(static_cast<size_t>(rows));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return taps[a] < taps[b]; });
+    return Buffer<int32_t>::from_host(order, ctx);
+}
+
+void CpuBackend::map_convolution(const MapConvolution& args, const Context&) {
+    // Each row is summed in place whatever the order, so the CPU takes rows in voxel order.
+    if (args.scatter) throw_error("the CPU backend has no scatter mode (the front end gathers on the CPU)");
+    if (args.dtype == DType::Float32)
+        map_convolution_typed(args.map, args.rows, args.volume, static_cast<const float*>(args.x),
+                              static_cast<const float*>(args.weight), args.transpose_weight,
+                              static_cast<float*>(args.out), args.x_channels, args.out_channels);
+    else
+        map_convolution_typed(args.map, args.rows, args.volume, static_cast<const double*>(args.x),
+                              static_cast<const double*>(args.weight), args.transpose_weight,
+                              static_cast<double*>(args.out), args.x_channels, args.out_channels);
+}
+
+void CpuBackend::map_weight_gradient(const MapWeightGradient& args, const Context&) {
+    if (args.rows_are_source)
+        throw_error("the CPU backend sums the weight gradient over target rows (rows_are_source is CUDA only)");
+    if (args.dtype == DType::Float32)
+        map_weight_gradient_typed(args.map, args.rows, args.volume, static_cast<const float*>(args.x),
+                                  static_cast<const float*>(args.grad), static_cast<float*>(args.grad_weight),
+                                  args.in_channels, args.out_channels);
+    else
+        map_weight_gradient_typed(args.map, args.rows, args.volume, static_cast<const double*>(args.x),
+                                  static_cast<const double*>(args.grad), static_cast<double*>(args.grad_weight),
+                                  args.in_channels, args.out_channels);
+}
+
+}  // namespace sparsegrid::detail

@@ -2,8 +2,8 @@
 // source grid's 64-bit keys (the same table design as the CUDA backend); a row's queries are computed
 // and their slots prefetched before any is probed, so the cache misses overlap. Grids whose keys need
 // 128 bits are searched in their sorted keys instead, galloping from the previous answer of each tap.
-#include "core/backend.h"
-#include "core/checks.h"
+#include "backend/backend.h"
+#include "core/geometry.h"
 #include "cpu/grid_keys.h"
 #include "cpu/parallel.h"
 
@@ -137,8 +137,16 @@ auto with_lookup(const GridStorage& grid, Fn&& fn) {
 
 }  // namespace
 
-Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
-                             const std::vector<int64_t>& query_offsets) {
+}  // namespace sparsegrid::detail::cpu
+
+// ---- backend entry points -------------------------------------------------------------------------
+
+namespace sparsegrid::detail {
+
+using namespace cpu;
+
+Buffer<int64_t> CpuBackend::ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
+                                         const std::vector<int64_t>& query_offsets) {
     const int64_t count = query_offsets.back();
     Buffer<int64_t> result = Buffer<int64_t>::allocate(count, grid.context);
     int64_t* out = result.data();
@@ -157,27 +165,13 @@ Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
     return result;
 }
 
-namespace {
-
-/// A stride-1 map of a grid onto itself with odd kernel sizes is symmetric: the offset of tap t is
-/// minus the offset of tap V-1-t, so map[n][t] = m exactly when map[m][V-1-t] = n.
-bool is_symmetric(const GridStorage& source, const GridStorage& target, const ConvGeometry& g) {
-    if (&source != &target) return false;
-    for (int a = 0; a < 3; ++a)
-        if (g.stride[a] != 1 || g.kernel[a] % 2 == 0) return false;
-    return true;
-}
-
-}  // namespace
-
-Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
-                              MapDirection direction) {
+Buffer<int32_t> CpuBackend::neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
+                                          MapDirection direction, bool symmetric) {
     const int32_t volume = g.kernel_volume();
     const int64_t rows = target.num_voxels();
     Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * volume, target.context);
     int32_t* out = map.data();
     const int32_t* target_ijk = target.topology.ijk.data();
-    const bool symmetric = is_symmetric(source, target, g);
     // With symmetry only taps below the centre are searched; the centre is the voxel itself and the
     // taps above are filled from the mirrored edges afterwards.
     const int32_t searched = symmetric ? volume / 2 : volume;
@@ -244,7 +238,8 @@ Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& targ
     return map;
 }
 
-PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
+PairLists CpuBackend::pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume,
+                                   const Context& ctx) {
     const int32_t* entries = map.data();
     const int max_chunks = threads_for(num_target);
     // counts[chunk][t]: edges of tap t among the chunk's target rows.
@@ -287,8 +282,8 @@ PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t k
     return pairs;
 }
 
-Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source, int32_t kernel_volume,
-                              const Context& ctx) {
+Buffer<int32_t> CpuBackend::transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,
+                                          int32_t kernel_volume, const Context& ctx) {
     Buffer<int32_t> result = Buffer<int32_t>::allocate(num_source * kernel_volume, ctx);
     int32_t* out = result.data();
     const int32_t* entries = map.data();
@@ -305,7 +300,7 @@ Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, in
     return result;
 }
 
-Buffer<int32_t> subdivision_map(const GridStorage& coarse) {
+Buffer<int32_t> CpuBackend::subdivision_map(const GridStorage& coarse) {
     const int64_t rows = 8 * coarse.num_voxels();
     Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * 8, coarse.context);
     int32_t* out = map.data();
@@ -316,7 +311,7 @@ Buffer<int32_t> subdivision_map(const GridStorage& coarse) {
     return map;
 }
 
-int64_t count_edges(const Buffer<int32_t>& map, const Context&) {
+int64_t CpuBackend::count_edges(const Buffer<int32_t>& map, const Context&) {
     const int32_t* entries = map.data();
     int64_t total = 0;
     const int64_t n = map.size();
@@ -325,4 +320,4 @@ int64_t count_edges(const Buffer<int32_t>& map, const Context&) {
     return total;
 }
 
-}  // namespace sparsegrid::detail::cpu
+}  // namespace sparsegrid::detail

@@ -2,9 +2,8 @@
 // the voxels of each triangle's bounding box with the separating-axis predicate, then sorted into a
 // grid like every generated topology. The geometry and the checks are shared with the CUDA backend
 // (core/index_triangle.h); this file is compiled with -ffp-contract=off (see triangle_box.h).
-#include "cpu/mesh_cpu.h"
-
-#include "core/checks.h"
+#include "backend/backend.h"
+#include "core/geometry.h"
 #include "core/index_triangle.h"
 #include "cpu/grid_keys.h"
 #include "cpu/parallel.h"
@@ -12,11 +11,13 @@
 #include <algorithm>
 #include <climits>
 
-namespace sparsegrid::detail::cpu {
+namespace sparsegrid::detail {
 
-GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& vertex_offsets, const int32_t* faces,
-                       const std::vector<int64_t>& face_offsets, const std::vector<MemberTransform>& transforms,
-                       const Context& ctx) {
+using namespace cpu;
+
+GridTopology CpuBackend::from_mesh(const double* vertices, const std::vector<int64_t>& vertex_offsets,
+                                   const int32_t* faces, const std::vector<int64_t>& face_offsets,
+                                   const std::vector<MemberTransform>& transforms, const Context& ctx) {
     const int64_t batch_size = static_cast<int64_t>(face_offsets.size()) - 1;
     const int64_t num_faces = face_offsets.back();
     auto triangle_of = [&](int64_t member, int64_t f, IndexTriangle& tri) {
@@ -103,4 +104,4 @@ GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& verte
     });
 }
 
-}  // namespace sparsegrid::detail::cpu
+}  // namespace sparsegrid::detail

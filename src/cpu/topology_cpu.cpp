@@ -2,8 +2,9 @@
 // (member | Morton code) in parallel, radix-sort, deduplicate, decode. Where the voxel order makes the
 // candidates come out sorted already (subdivision and coarsening by the same power of two on every
 // axis) the sort is skipped and coordinates are written directly.
-#include "core/backend.h"
-#include "core/checks.h"
+#include "backend/backend.h"
+#include "core/errors.h"
+#include "core/geometry.h"
 #include "cpu/grid_keys.h"
 #include "cpu/parallel.h"
 
@@ -185,8 +186,7 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor) {
     }
     const int64_t n = grid.num_voxels();
     const Context& ctx = grid.context;
-    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * checked_mul("refined_grid", "output voxel count", n, children),
-                                                    ctx);
+    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * n * children, ctx);
     int32_t* out = ijk.data();
     const int32_t* in = grid.topology.ijk.data();
     parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
@@ -257,9 +257,42 @@ void push_box_keys(const KeyCodec& codec, int64_t member, const int64_t lo[3], c
 
 }  // namespace
 
-// ---- backend functions ----------------------------------------------------------------------------
+/// The voxels for which keep(member, v) holds, in order; with `kept_index`, also their indices in `grid`.
+template <typename Keep>
+GridTopology select_voxels(const GridStorage& grid, Keep&& keep, Buffer<int64_t>* kept_index) {
+    const int64_t n = grid.num_voxels();
+    const std::vector<int64_t>& in_offsets = grid.topology.offsets;
+    std::vector<uint8_t> flags(static_cast<size_t>(n));
+    parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
+        for_each_voxel(in_offsets, begin, end, [&](int64_t member, int64_t v) { flags[v] = keep(member, v); });
+    });
+    const std::vector<int64_t> position = exclusive_scan_flags(flags.data(), n);
+    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * position[n], grid.context);
+    if (kept_index) *kept_index = Buffer<int64_t>::allocate(position[n], grid.context);
+    int32_t* out = ijk.data();
+    int64_t* index_out = kept_index ? kept_index->data() : nullptr;
+    const int32_t* in = grid.topology.ijk.data();
+    parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
+        for (int64_t v = begin; v < end; ++v) {
+            if (!flags[v]) continue;
+            for (int a = 0; a < 3; ++a) out[3 * position[v] + a] = in[3 * v + a];
+            if (index_out) index_out[position[v]] = v;
+        }
+    });
+    std::vector<int64_t> offsets(in_offsets.size());
+    for (size_t m = 0; m < offsets.size(); ++m) offsets[m] = position[in_offsets[m]];
+    return finish_topology(std::move(ijk), std::move(offsets), grid.context);
+}
 
-GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offsets, const Context& ctx) {
+}  // namespace sparsegrid::detail::cpu
+
+// ---- backend entry points -------------------------------------------------------------------------
+
+namespace sparsegrid::detail {
+
+using namespace cpu;
+
+GridTopology CpuBackend::build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offsets, const Context& ctx) {
     const int64_t batch_size = static_cast<int64_t>(offsets.size()) - 1;
     const int64_t count = offsets.back();
     const KeyCodec codec = make_codec(coordinate_box(ijk, count), batch_size);
@@ -275,21 +308,22 @@ GridTopology build_from_ijk(const int32_t* ijk, const std::vector<int64_t>& offs
     });
 }
 
-Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& offsets,
-                              const std::vector<MemberTransform>& transforms, const Context& ctx) {
+Buffer<int32_t> CpuBackend::points_to_ijk(const double* xyz, const std::vector<int64_t>& offsets,
+                                          const std::vector<MemberTransform>& transforms, int64_t* first_bad,
+                                          const Context& ctx) {
     const int64_t count = offsets.back();
     Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * count, ctx);
     int32_t* out = ijk.data();
     const int max_chunks = threads_for(count);
-    std::vector<int64_t> first_bad(static_cast<size_t>(max_chunks), INT64_MAX);
+    std::vector<int64_t> chunk_bad(static_cast<size_t>(max_chunks), INT64_MAX);
     parallel_chunks(count, [&](int64_t begin, int64_t end, int chunk, int) {
         for_each_voxel(offsets, begin, end, [&](int64_t member, int64_t n) {
             const MemberTransform& t = transforms[member];
             for (int a = 0; a < 3; ++a) {
-                const double index = std::floor((xyz[3 * n + a] - t.origin[a]) / t.voxel_size[a] + 0.5);
+                const double index = point_to_index(xyz[3 * n + a], t.origin[a], t.voxel_size[a]);
                 // NaN fails both comparisons, so it is caught here too.
-                if (!(index >= static_cast<double>(INT32_MIN) && index <= static_cast<double>(INT32_MAX))) {
-                    first_bad[chunk] = std::min(first_bad[chunk], n);
+                if (!index_in_int32(index)) {
+                    chunk_bad[chunk] = std::min(chunk_bad[chunk], n);
                     out[3 * n + a] = 0;
                 } else {
                     out[3 * n + a] = static_cast<int32_t>(index);
@@ -297,23 +331,14 @@ Buffer<int32_t> points_to_ijk(const double* xyz, const std::vector<int64_t>& off
             }
         });
     });
-    const int64_t bad = *std::min_element(first_bad.begin(), first_bad.end());
-    if (bad != INT64_MAX) {
-        const int64_t member = std::upper_bound(offsets.begin(), offsets.end(), bad) - offsets.begin() - 1;
-        throw_error("GridBatch::from_points: xyz point ", bad, " (member ", member, ") = (", xyz[3 * bad], ", ",
-                    xyz[3 * bad + 1], ", ", xyz[3 * bad + 2],
-                    ") must be finite and map to a voxel index within int32 range");
-    }
+    const int64_t bad = *std::min_element(chunk_bad.begin(), chunk_bad.end());
+    *first_bad = bad == INT64_MAX ? -1 : bad;
     return ijk;
 }
 
-GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
-    // K = S = 2 on every axis: pb = 0 and each fine voxel has exactly one parent, floor(f / 2).
-    if (g.is_uniform(2, 2)) return coarsen_sorted(grid, 1);
+GridTopology CpuBackend::conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
-    int64_t per_voxel = 1;
-    for (int a = 0; a < 3; ++a) per_voxel *= (g.kernel[a] + g.stride[a] - 1) / g.stride[a];
-    checked_mul("conv_grid", "candidate count", grid.num_voxels(), per_voxel);
+    const int64_t per_voxel = conv_grid_candidates_per_voxel(g);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
         std::vector<KeyT> keys = collect_keys<KeyT>(grid, per_voxel,
@@ -327,12 +352,9 @@ GridTopology conv_grid(const GridStorage& grid, const ConvGeometry& g, const Coo
     });
 }
 
-GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
-    // K = S = 2 on every axis: pb = 0, the output is the subdivision by 2.
-    if (g.is_uniform(2, 2)) return subdivide_sorted(grid, 1);
+GridTopology CpuBackend::conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int32_t volume = g.kernel_volume();
-    checked_mul("conv_transpose_grid", "candidate count", grid.num_voxels(), volume);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
         std::vector<KeyT> keys = collect_keys<KeyT>(
@@ -348,9 +370,7 @@ GridTopology conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g,
     });
 }
 
-GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box) {
-    int32_t log2_factor = 0;
-    if (uniform_power_of_two(factor, &log2_factor)) return coarsen_sorted(grid, log2_factor);
+GridTopology CpuBackend::coarsened_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
@@ -364,12 +384,9 @@ GridTopology coarsened_grid(const GridStorage& grid, const Vec3i& factor, const 
     });
 }
 
-GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box) {
-    int32_t log2_factor = 0;
-    if (uniform_power_of_two(factor, &log2_factor)) return subdivide_sorted(grid, log2_factor);
+GridTopology CpuBackend::refined_grid(const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int64_t children = int64_t{factor[0]} * factor[1] * factor[2];
-    checked_mul("refined_grid", "output voxel count", grid.num_voxels(), children);
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
         std::vector<KeyT> keys = collect_keys<KeyT>(
@@ -382,23 +399,47 @@ GridTopology refined_grid(const GridStorage& grid, const Vec3i& factor, const Co
     });
 }
 
-GridTopology pruned_grid(const GridStorage& grid, const uint8_t* mask) {
-    const int64_t n = grid.num_voxels();
-    const std::vector<int64_t> position = exclusive_scan_flags(mask, n);
-    Buffer<int32_t> ijk = Buffer<int32_t>::allocate(3 * position[n], grid.context);
-    int32_t* out = ijk.data();
-    const int32_t* in = grid.topology.ijk.data();
-    parallel_chunks(n, [&](int64_t begin, int64_t end, int, int) {
-        for (int64_t v = begin; v < end; ++v)
-            if (mask[v])
-                for (int a = 0; a < 3; ++a) out[3 * position[v] + a] = in[3 * v + a];
-    });
-    std::vector<int64_t> offsets(grid.topology.offsets.size());
-    for (size_t m = 0; m < offsets.size(); ++m) offsets[m] = position[grid.topology.offsets[m]];
-    return finish_topology(std::move(ijk), std::move(offsets), grid.context);
+GridTopology CpuBackend::coarsened_by_power_of_two(const GridStorage& grid, int32_t log2_factor, const CoordBox&) {
+    return coarsen_sorted(grid, log2_factor);
 }
 
-GridTopology merged_grid(const GridStorage& a, const GridStorage& b, const CoordBox& out_box) {
+GridTopology CpuBackend::refined_by_power_of_two(const GridStorage& grid, int32_t log2_factor, const CoordBox&) {
+    return subdivide_sorted(grid, log2_factor);
+}
+
+GridTopology CpuBackend::pruned_grid(const GridStorage& grid, const uint8_t* mask) {
+    return select_voxels(
+        grid, [mask](int64_t, int64_t v) { return mask[v] != 0; }, nullptr);
+}
+
+GridTopology CpuBackend::clipped_grid(const GridStorage& grid, const int32_t* boxes, Buffer<int64_t>* kept_index) {
+    const int32_t* ijk = grid.topology.ijk.data();
+    return select_voxels(
+        grid,
+        [ijk, boxes](int64_t member, int64_t v) {
+            const int32_t* box = boxes + 6 * member;
+            for (int a = 0; a < 3; ++a)
+                if (ijk[3 * v + a] < box[a] || ijk[3 * v + a] > box[3 + a]) return false;
+            return true;
+        },
+        kept_index);
+}
+
+Buffer<int32_t> CpuBackend::bbox(const GridStorage& grid) {
+    const int64_t batch_size = grid.batch_size();
+    const std::vector<int64_t>& offsets = grid.topology.offsets;
+    std::vector<int32_t> boxes(static_cast<size_t>(6 * batch_size));
+    for (int64_t m = 0; m < batch_size; ++m) {
+        const CoordBox box = coordinate_box(grid.topology.ijk.data() + 3 * offsets[m], offsets[m + 1] - offsets[m]);
+        for (int a = 0; a < 3; ++a) {
+            boxes[6 * m + a] = box.lo[a];
+            boxes[6 * m + 3 + a] = box.hi[a];
+        }
+    }
+    return Buffer<int32_t>::from_host(boxes, grid.context);
+}
+
+GridTopology CpuBackend::merged_grid(const GridStorage& a, const GridStorage& b, const CoordBox& out_box) {
     const KeyCodec codec = make_codec(out_box, a.batch_size());
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
@@ -409,4 +450,4 @@ GridTopology merged_grid(const GridStorage& a, const GridStorage& b, const Coord
     });
 }
 
-}  // namespace sparsegrid::detail::cpu
+}  // namespace sparsegrid::detail

@@ -1,11 +1,12 @@
 // Shared helpers of the CUDA backend: error checks, launches, scratch memory through the context's
-// allocator, CUB temporary storage, and the single pinned readback that data-dependent sizes need.
+// allocator, two-phase CUB calls, and the single pinned readback that data-dependent sizes need.
 #pragma once
 
 #include <sparsegrid/buffer.h>
 #include <sparsegrid/types.h>
 
-#include "core/checks.h"
+#include "backend/backend.h"
+#include "core/errors.h"
 #include "core/keys.h"
 
 #include <cuda_runtime.h>
@@ -23,7 +24,7 @@ namespace sparsegrid::detail::cuda {
                                               cudaGetErrorString(sg_status));                      \
     } while (0)
 
-/// Checks the last launch; with SPARSEGRID_CUDA_DEBUG=1 in the environment also waits for it, so an
+/// Checks the last launch; with SPARSEGRID_CUDA_DEBUG set (and not "0") also waits for it, so an
 /// asynchronous fault is reported at the launch that caused it (debug waits are not counted as syncs).
 #define SPARSEGRID_CUDA_CHECK_LAUNCH(stream)                                                                        \
     do {                                                                                                            \
@@ -31,6 +32,7 @@ namespace sparsegrid::detail::cuda {
         if (::sparsegrid::detail::cuda::debug_sync_enabled()) SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(stream)); \
     } while (0)
 
+/// SPARSEGRID_CUDA_DEBUG, read once (core/env.h's env_switch, off by default).
 bool debug_sync_enabled();
 
 inline cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
@@ -115,12 +117,16 @@ private:
     const unsigned char* m_staging = nullptr;
 };
 
-/// CUB temporary storage from the context's allocator.
-struct TempStorage {
-    Buffer<uint8_t> buffer;
+/// Runs a two-phase CUB device call: f(temp, bytes) is called once with temp = null to size the
+/// temporary storage, then again with that much scratch memory from the context's allocator (released
+/// in stream order after the call is enqueued). f returns the cudaError_t of the CUB call; both
+/// phases are checked.
+template <typename F>
+void cub_call(const Context& ctx, F&& f) {
     size_t bytes = 0;
-    void* data() { return buffer.data(); }
-    void ensure(const Context& ctx) { buffer = Buffer<uint8_t>::allocate(static_cast<int64_t>(bytes), ctx); }
-};
+    SPARSEGRID_CUDA_CHECK(f(nullptr, bytes));
+    Buffer<uint8_t> temp = Buffer<uint8_t>::allocate(static_cast<int64_t>(bytes), ctx);
+    SPARSEGRID_CUDA_CHECK(f(static_cast<void*>(temp.data()), bytes));
+}
 
 }  // namespace sparsegrid::detail::cuda

@@ -1,5 +1,5 @@
-// Keys of an existing grid on the device, and the canonical grid of a set of candidate keys, shared by
-// the CUDA topology, kernel-map and mesh code.
+// Keys of an existing grid on the device, shared by the CUDA topology and kernel-map code (the canonical
+// grid of a set of keys is in canonical_grid.cuh).
 #pragma once
 
 #include "core/storage.h"
@@ -27,15 +27,5 @@ void encode_grid_keys(const GridStorage& grid, const KeyCodec& codec, KeyT* keys
         grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, codec, keys);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
-
-/// Sorts candidate keys (all-ones sentinels last), removes duplicates and decodes them into a grid of
-/// `batch_size` members; `keys` is released. `box` is the box of the result when `box_exact`;
-/// otherwise only a cover (it sizes the codec), and the exact box is computed from the keys.
-/// Cost: a radix sort and a unique of the keys, 2-3 launches of its own, 1 sync (the member offsets
-/// and the box).
-/// Defined for KeyT = uint64_t and Key128 in topology_cuda.cu.
-template <typename KeyT>
-GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const CoordBox& box,
-                                bool box_exact, const Context& ctx);
 
 }  // namespace sparsegrid::detail::cuda

@@ -1,16 +1,18 @@
-// CUDA backend of lookups and kernel maps. A lookup is a binary search over the source grid's keys,
-// which are sorted because the grid is in voxel order; no table has to be built, and the result is
-// deterministic by construction. Every map entry is computed by its own thread.
-#include "core/backend.h"
-#include "core/checks.h"
+// CUDA backend of lookups and kernel maps. A lookup finds a (member, coordinate) among the source grid's
+// voxels: by default in an open-addressing hash table over the grid's 64-bit keys, built per call (one
+// launch); with 128-bit keys, or SPARSEGRID_LOOKUP=search, by a binary search over the grid's keys,
+// which are sorted because the grid is in voxel order. Keys are unique, so both give the same answers
+// whatever the order of the table's inserts. Every map entry is computed by its own thread; the
+// symmetric stride-1 map (chosen by the front end) looks up half the taps and mirrors the rest.
+#include "backend/backend.h"
+#include "core/env.h"
+#include "core/geometry.h"
 #include "cuda/cuda_common.cuh"
 #include "cuda/grid_keys.cuh"
 
 #include <cub/device/device_scan.cuh>
 
 #include <climits>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 namespace sparsegrid::detail::cuda {
@@ -88,21 +90,10 @@ __global__ void hash_insert_kernel(const int32_t* ijk, const int64_t* offsets, i
     }
 }
 
+/// The hash table, unless SPARSEGRID_LOOKUP is "search" (for measurements; the answers are the same).
 bool use_hash_lookup() {
-    static const bool hash = [] {
-        const char* mode = std::getenv("SPARSEGRID_LOOKUP");
-        return !(mode && std::string(mode) == "search");
-    }();
+    static const bool hash = env_string("SPARSEGRID_LOOKUP") != "search";
     return hash;
-}
-
-/// SPARSEGRID_SYMMETRIC_MAPS=0 turns the symmetric shortcut off (for measurements; results are equal).
-bool use_symmetry() {
-    static const bool enabled = [] {
-        const char* value = std::getenv("SPARSEGRID_SYMMETRIC_MAPS");
-        return !(value && std::string(value) == "0");
-    }();
-    return enabled;
 }
 
 template <typename KeyT>
@@ -118,7 +109,7 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
             mask = capacity - 1;
             storage.keys = Buffer<KeyT>::allocate(static_cast<int64_t>(capacity), ctx);
             storage.values = Buffer<int32_t>::allocate(static_cast<int64_t>(capacity), ctx);
-            fill_bytes(storage.keys.data(), ctx.device, 0xff, capacity * sizeof(KeyT), ctx.stream);
+            CudaBackend::fill_bytes(storage.keys.data(), ctx.device, 0xff, capacity * sizeof(KeyT), ctx.stream);
             hash_insert_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
                 grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, codec, mask,
                 reinterpret_cast<unsigned long long*>(storage.keys.data()), storage.values.data());
@@ -274,67 +265,6 @@ __global__ void subdivision_map_kernel(int64_t rows, int32_t* map) {
     }
 }
 
-}  // namespace
-
-Buffer<int32_t> subdivision_map(const GridStorage& coarse) {
-    const Context& ctx = coarse.context;
-    DeviceGuard guard(ctx);
-    const int64_t rows = 8 * coarse.num_voxels();
-    Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * 8, ctx);
-    if (rows > 0) {
-        subdivision_map_kernel<<<blocks_for(rows * 8), kThreads, 0, stream_of(ctx)>>>(rows, map.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-    }
-    return map;
-}
-
-Buffer<int64_t> ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
-                             const std::vector<int64_t>& query_offsets) {
-    const Context& ctx = grid.context;
-    DeviceGuard guard(ctx);
-    const int64_t count = query_offsets.back();
-    Buffer<int64_t> result = Buffer<int64_t>::allocate(count, ctx);
-    if (count == 0) return result;
-    const Buffer<int64_t> offsets = Buffer<int64_t>::from_host(query_offsets, ctx);
-    with_lookup(grid, [&](const auto& lookup) {
-        ijk_to_index_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(
-            lookup, query_ijk, offsets.data(), grid.batch_size(), count, result.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-        return 0;
-    });
-    return result;
-}
-
-Buffer<int32_t> neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
-                              MapDirection direction) {
-    const Context& ctx = target.context;
-    DeviceGuard guard(ctx);
-    const int64_t entries = target.num_voxels() * g.kernel_volume();
-    Buffer<int32_t> map = Buffer<int32_t>::allocate(entries, ctx);
-    if (entries == 0) return map;
-    bool symmetric = &source == &target && use_symmetry();
-    for (int a = 0; a < 3; ++a) symmetric = symmetric && g.stride[a] == 1 && g.kernel[a] % 2 == 1;
-    with_lookup(source, [&](const auto& lookup) {
-        if (symmetric) {
-            fill_bytes(map.data(), ctx.device, 0xff, static_cast<size_t>(entries) * sizeof(int32_t), ctx.stream);
-            const int64_t work = target.num_voxels() * (g.kernel_volume() / 2 + 1);
-            symmetric_map_kernel<<<blocks_for(work), kThreads, 0, stream_of(ctx)>>>(
-                lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
-                target.num_voxels(), g, direction == MapDirection::Forward, map.data());
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-            return 0;
-        }
-        neighbour_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(
-            lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
-            target.num_voxels(), g, direction == MapDirection::Forward, map.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-        return 0;
-    });
-    return map;
-}
-
-namespace {
-
 /// pairs_by_tap with flags and positions of IndexT: int32 while the map has fewer than 2^31 entries,
 /// which halves the scan's memory against int64.
 template <typename IndexT>
@@ -346,14 +276,9 @@ PairLists pairs_by_tap_impl(const Buffer<int32_t>& map, int64_t num_target, int3
     tap_major_flags_kernel<<<blocks_for(entries + 1), kThreads, 0, stream>>>(map.data(), num_target, kernel_volume,
                                                                              flags.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    {
-        TempStorage temp;
-        SPARSEGRID_CUDA_CHECK(
-            cub::DeviceScan::ExclusiveSum(nullptr, temp.bytes, flags.data(), position.data(), entries + 1, stream));
-        temp.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(
-            cub::DeviceScan::ExclusiveSum(temp.data(), temp.bytes, flags.data(), position.data(), entries + 1, stream));
-    }
+    cub_call(ctx, [&](void* temp, size_t& bytes) {
+        return cub::DeviceScan::ExclusiveSum(temp, bytes, flags.data(), position.data(), entries + 1, stream);
+    });
     flags = Buffer<IndexT>();
     Buffer<int64_t> tap_offsets = Buffer<int64_t>::allocate(kernel_volume + 1, ctx);
     tap_offsets_kernel<<<blocks_for(kernel_volume + 1), kThreads, 0, stream>>>(position.data(), num_target,
@@ -378,17 +303,83 @@ PairLists pairs_by_tap_impl(const Buffer<int32_t>& map, int64_t num_target, int3
 
 }  // namespace
 
-PairLists pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume, const Context& ctx) {
+}  // namespace sparsegrid::detail::cuda
+
+// ---- backend entry points -------------------------------------------------------------------------
+
+namespace sparsegrid::detail {
+
+using namespace cuda;
+
+Buffer<int32_t> CudaBackend::subdivision_map(const GridStorage& coarse) {
+    const Context& ctx = coarse.context;
+    DeviceGuard guard(ctx);
+    const int64_t rows = 8 * coarse.num_voxels();
+    Buffer<int32_t> map = Buffer<int32_t>::allocate(rows * 8, ctx);
+    if (rows > 0) {
+        subdivision_map_kernel<<<blocks_for(rows * 8), kThreads, 0, stream_of(ctx)>>>(rows, map.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+    }
+    return map;
+}
+
+Buffer<int64_t> CudaBackend::ijk_to_index(const GridStorage& grid, const int32_t* query_ijk,
+                                          const std::vector<int64_t>& query_offsets) {
+    const Context& ctx = grid.context;
+    DeviceGuard guard(ctx);
+    const int64_t count = query_offsets.back();
+    Buffer<int64_t> result = Buffer<int64_t>::allocate(count, ctx);
+    if (count == 0) return result;
+    const Buffer<int64_t> offsets = Buffer<int64_t>::from_host(query_offsets, ctx);
+    with_lookup(grid, [&](const auto& lookup) {
+        ijk_to_index_kernel<<<blocks_for(count), kThreads, 0, stream_of(ctx)>>>(
+            lookup, query_ijk, offsets.data(), grid.batch_size(), count, result.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+        return 0;
+    });
+    return result;
+}
+
+Buffer<int32_t> CudaBackend::neighbour_map(const GridStorage& source, const GridStorage& target, const ConvGeometry& g,
+                                           MapDirection direction, bool symmetric) {
+    const Context& ctx = target.context;
+    DeviceGuard guard(ctx);
+    const int64_t entries = target.num_voxels() * g.kernel_volume();
+    Buffer<int32_t> map = Buffer<int32_t>::allocate(entries, ctx);
+    if (entries == 0) return map;
+    with_lookup(source, [&](const auto& lookup) {
+        if (symmetric) {
+            CudaBackend::fill_bytes(map.data(), ctx.device, 0xff, static_cast<size_t>(entries) * sizeof(int32_t),
+                                    ctx.stream);
+            const int64_t work = target.num_voxels() * (g.kernel_volume() / 2 + 1);
+            symmetric_map_kernel<<<blocks_for(work), kThreads, 0, stream_of(ctx)>>>(
+                lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
+                target.num_voxels(), g, direction == MapDirection::Forward, map.data());
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+            return 0;
+        }
+        neighbour_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(
+            lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
+            target.num_voxels(), g, direction == MapDirection::Forward, map.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+        return 0;
+    });
+    return map;
+}
+
+PairLists CudaBackend::pairs_by_tap(const Buffer<int32_t>& map, int64_t num_target, int32_t kernel_volume,
+                                    const Context& ctx) {
     DeviceGuard guard(ctx);
     if (num_target * kernel_volume < INT32_MAX) return pairs_by_tap_impl<int32_t>(map, num_target, kernel_volume, ctx);
     return pairs_by_tap_impl<int64_t>(map, num_target, kernel_volume, ctx);
 }
 
-Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source, int32_t kernel_volume,
-                              const Context& ctx) {
+Buffer<int32_t> CudaBackend::transpose_map(const Buffer<int32_t>& map, int64_t num_target, int64_t num_source,
+                                           int32_t kernel_volume, const Context& ctx) {
     DeviceGuard guard(ctx);
     Buffer<int32_t> result = Buffer<int32_t>::allocate(num_source * kernel_volume, ctx);
-    fill_bytes(result.data(), ctx.device, 0xff, static_cast<size_t>(result.size()) * sizeof(int32_t), ctx.stream);
+    CudaBackend::fill_bytes(result.data(), ctx.device, 0xff, static_cast<size_t>(result.size()) * sizeof(int32_t),
+                            ctx.stream);
     const int64_t entries = num_target * kernel_volume;
     if (entries > 0) {
         transpose_map_kernel<<<blocks_for(entries), kThreads, 0, stream_of(ctx)>>>(map.data(), num_target,
@@ -398,10 +389,10 @@ Buffer<int32_t> transpose_map(const Buffer<int32_t>& map, int64_t num_target, in
     return result;
 }
 
-int64_t count_edges(const Buffer<int32_t>& map, const Context& ctx) {
+int64_t CudaBackend::count_edges(const Buffer<int32_t>& map, const Context& ctx) {
     DeviceGuard guard(ctx);
     Buffer<unsigned long long> total = Buffer<unsigned long long>::allocate(1, ctx);
-    fill_bytes(total.data(), ctx.device, 0, sizeof(unsigned long long), ctx.stream);
+    CudaBackend::fill_bytes(total.data(), ctx.device, 0, sizeof(unsigned long long), ctx.stream);
     if (map.size() > 0) {
         count_edges_kernel<<<blocks_for(map.size()), kThreads, 0, stream_of(ctx)>>>(map.data(), map.size(),
                                                                                     total.data());
@@ -413,4 +404,4 @@ int64_t count_edges(const Buffer<int32_t>& map, const Context& ctx) {
     return static_cast<int64_t>(readback.get<unsigned long long>(slot, 1)[0]);
 }
 
-}  // namespace sparsegrid::detail::cuda
+}  // namespace sparsegrid::detail

@@ -17,12 +17,12 @@
 //      offset (block scan), so the key buffer holds exactly the hits.
 //   6. canonical_topology: sort, unique, offsets and exact box. Sync 2.
 // Memory: ~150 bytes per face and the hit keys (three copies during the sort), never per candidate.
-#include "cuda/mesh_cuda.h"
-
-#include "core/checks.h"
+#include "backend/backend.h"
+#include "core/errors.h"
+#include "core/geometry.h"
 #include "core/index_triangle.h"
+#include "cuda/canonical_grid.cuh"
 #include "cuda/cuda_common.cuh"
-#include "cuda/grid_keys.cuh"
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -192,7 +192,8 @@ GridTopology empty_topology(int64_t batch_size, const Context& ctx) {
 template <typename T>
 std::vector<T> copy_to_host(const T* device_data, int64_t count, const Context& ctx) {
     std::vector<T> out(static_cast<size_t>(count));
-    copy_bytes(out.data(), Device::cpu(), device_data, ctx.device, static_cast<size_t>(count) * sizeof(T), ctx.stream);
+    CudaBackend::copy_bytes(out.data(), Device::cpu(), device_data, ctx.device, static_cast<size_t>(count) * sizeof(T),
+                            ctx.stream);
     return out;
 }
 
@@ -222,9 +223,22 @@ std::vector<T> copy_to_host(const T* device_data, int64_t count, const Context& 
 
 }  // namespace
 
-GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& vertex_offsets, const int32_t* faces,
-                       const std::vector<int64_t>& face_offsets, const std::vector<MemberTransform>& transforms,
-                       const Context& ctx) {
+}  // namespace sparsegrid::detail::cuda
+
+// ---- backend entry point --------------------------------------------------------------------------
+
+namespace sparsegrid::detail {
+
+using namespace cuda;
+
+// `vertices` and `faces` in ctx.device memory; the front end has checked the shapes, the offsets and
+// the transforms. The rest is checked on the device, raising the errors of core/index_triangle.h with
+// the CPU's wording and precedence. Output in voxel order with the exact box. Cost: 2 syncs (the hit
+// count with the checks and the range box; then the member offsets), work proportional to the voxels
+// of the triangles' bounding boxes; the error path adds a few small copies.
+GridTopology CudaBackend::from_mesh(const double* vertices, const std::vector<int64_t>& vertex_offsets,
+                                    const int32_t* faces, const std::vector<int64_t>& face_offsets,
+                                    const std::vector<MemberTransform>& transforms, const Context& ctx) {
     DeviceGuard guard(ctx);
     const cudaStream_t stream = stream_of(ctx);
     const int64_t batch_size = static_cast<int64_t>(face_offsets.size()) - 1;
@@ -253,18 +267,14 @@ GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& verte
             vertices, vertex_offsets_buffer.data(), faces, face_offsets_buffer.data(), batch_size, num_faces,
             transforms_buffer.data(), triangles.data(), counts.data(), ranges.data(), bad_faces.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-        TempStorage scan;
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveScan(nullptr, scan.bytes, counts.data(), starts.data(),
-                                                             SaturatingSum{}, int64_t{0}, num_faces + 1, stream));
-        scan.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveScan(scan.data(), scan.bytes, counts.data(), starts.data(),
-                                                             SaturatingSum{}, int64_t{0}, num_faces + 1, stream));
-        TempStorage reduce;
-        SPARSEGRID_CUDA_CHECK(cub::DeviceReduce::Reduce(nullptr, reduce.bytes, ranges.data(), range_box.data(),
-                                                        num_faces, RangeUnion{}, empty_range(), stream));
-        reduce.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceReduce::Reduce(reduce.data(), reduce.bytes, ranges.data(), range_box.data(),
-                                                        num_faces, RangeUnion{}, empty_range(), stream));
+        cub_call(ctx, [&](void* temp, size_t& bytes) {
+            return cub::DeviceScan::ExclusiveScan(temp, bytes, counts.data(), starts.data(), SaturatingSum{},
+                                                  int64_t{0}, num_faces + 1, stream);
+        });
+        cub_call(ctx, [&](void* temp, size_t& bytes) {
+            return cub::DeviceReduce::Reduce(temp, bytes, ranges.data(), range_box.data(), num_faces, RangeUnion{},
+                                             empty_range(), stream);
+        });
     }
 
     // 3-4. Hits per block and their offsets.
@@ -275,12 +285,10 @@ GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& verte
         count_hits_kernel<<<num_blocks, kThreads, 0, stream>>>(triangles.data(), starts.data(), num_faces,
                                                                bad_faces.data(), block_hits.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-        TempStorage scan;
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, scan.bytes, block_hits.data(),
-                                                            block_offsets.data(), num_blocks + 1, stream));
-        scan.ensure(ctx);
-        SPARSEGRID_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(scan.data(), scan.bytes, block_hits.data(),
-                                                            block_offsets.data(), num_blocks + 1, stream));
+        cub_call(ctx, [&](void* temp, size_t& bytes) {
+            return cub::DeviceScan::ExclusiveSum(temp, bytes, block_hits.data(), block_offsets.data(), num_blocks + 1,
+                                                 stream);
+        });
     }
 
     // Sync 1.
@@ -321,4 +329,4 @@ GridTopology from_mesh(const double* vertices, const std::vector<int64_t>& verte
     });
 }
 
-}  // namespace sparsegrid::detail::cuda
+}  // namespace sparsegrid::detail

@@ -1,24 +1,23 @@
-// CUDA runtime glue of the core: the default stream-ordered allocator, copies, the debug switch and
+// The CUDA backend's runtime entry points (the default stream-ordered allocator, copies, fills,
+// synchronisation, timing events) and the backend's own glue: the debug switch, the device guard and
 // the pinned readback. No torch here.
 #include <sparsegrid/buffer.h>
 #include <sparsegrid/types.h>
 
+#include "backend/backend.h"
+#include "core/env.h"
 #include "cuda/cuda_common.cuh"
 
-#include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <mutex>
-#include <string>
 
 namespace sparsegrid::detail {
 
 namespace cuda {
 
 bool debug_sync_enabled() {
-    static const bool enabled = [] {
-        const char* value = std::getenv("SPARSEGRID_CUDA_DEBUG");
-        return value && std::string(value) != "0" && std::string(value) != "";
-    }();
+    static const bool enabled = env_switch("SPARSEGRID_CUDA_DEBUG", false);
     return enabled;
 }
 
@@ -83,10 +82,6 @@ void Readback::copy_out(size_t slot, void* dst, size_t bytes) const {
     if (bytes > 0) std::memcpy(dst, m_staging + slot, bytes);
 }
 
-}  // namespace cuda
-
-namespace cuda_runtime {
-
 namespace {
 
 /// Stream-ordered allocation from the device's default memory pool.
@@ -108,7 +103,7 @@ public:
 
     void* allocate(std::size_t bytes, Device device, void* stream) override {
         if (bytes == 0) return nullptr;
-        cuda::DeviceGuard guard(Context{device, stream, nullptr});
+        DeviceGuard guard(Context{device, stream, nullptr});
         keep_pool_memory(device.index);
         void* ptr = nullptr;
         SPARSEGRID_CUDA_CHECK(cudaMallocAsync(&ptr, bytes, static_cast<cudaStream_t>(stream)));
@@ -126,12 +121,18 @@ public:
 
 }  // namespace
 
-Allocator& default_allocator() {
+}  // namespace cuda
+
+// ---- backend entry points -------------------------------------------------------------------------
+
+using namespace cuda;
+
+Allocator& CudaBackend::default_allocator() {
     static StreamOrderedAllocator allocator;
     return allocator;
 }
 
-int device_count() {
+int CudaBackend::device_count() {
     int count = 0;
     // No driver or no device is not an error here: the answer is simply zero.
     if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -141,10 +142,15 @@ int device_count() {
     return count;
 }
 
-void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes, void* stream) {
+// Every copy that touches a CUDA device (host <-> device, device <-> device): the front end hands host
+// to host to the CPU backend. A copy into host memory waits for it, counted as a host synchronisation;
+// an empty copy does nothing (also for the backend's own calls, which do not pass the front end).
+void CudaBackend::copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, std::size_t bytes,
+                             void* stream) {
+    if (bytes == 0) return;
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     const Device device = dst_device.is_cuda() ? dst_device : src_device;
-    cuda::DeviceGuard guard(Context{device, stream, nullptr});
+    DeviceGuard guard(Context{device, stream, nullptr});
     SPARSEGRID_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
     if (dst_device.is_cpu()) {
         count_host_synchronization();
@@ -152,36 +158,39 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     }
 }
 
-void synchronize(const Context& ctx) {
-    cuda::DeviceGuard guard(ctx);
+void CudaBackend::synchronize(const Context& ctx) {
+    DeviceGuard guard(ctx);
     SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream)));
 }
 
-void* create_event(Device device) {
-    cuda::DeviceGuard guard(Context{device, nullptr, nullptr});
+void* CudaBackend::create_event(Device device) {
+    DeviceGuard guard(Context{device, nullptr, nullptr});
     cudaEvent_t event = nullptr;
     SPARSEGRID_CUDA_CHECK(cudaEventCreate(&event));
     return event;
 }
 
-void destroy_event(void* event) noexcept { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+// Never throws (timers release their events in destructors); a failure is left to the next check.
+void CudaBackend::destroy_event(void* event) {
+    if (event && cudaEventDestroy(static_cast<cudaEvent_t>(event)) != cudaSuccess) cudaGetLastError();
+}
 
-void record_event(void* event, const Context& ctx) {
-    cuda::DeviceGuard guard(ctx);
+void CudaBackend::record_event(void* event, const Context& ctx) {
+    DeviceGuard guard(ctx);
     SPARSEGRID_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(ctx.stream)));
 }
 
-double elapsed_ms(void* start, void* stop) {
+double CudaBackend::elapsed_ms(void* start, void* stop) {
     SPARSEGRID_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop)));
     float ms = 0.0f;
     SPARSEGRID_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(stop)));
     return ms;
 }
 
-void fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream) {
-    cuda::DeviceGuard guard(Context{device, stream, nullptr});
+void CudaBackend::fill_bytes(void* dst, Device device, int value, std::size_t bytes, void* stream) {
+    if (bytes == 0) return;
+    DeviceGuard guard(Context{device, stream, nullptr});
     SPARSEGRID_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)));
 }
 
-}  // namespace cuda_runtime
 }  // namespace sparsegrid::detail

@@ -165,6 +165,7 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
     log.grid("dilated_grid(1)", 1, [&] { return grid.dilated_grid(1); });
     log.grid("dilated_grid(2)", 1, [&] { return grid.dilated_grid(2); });
     log.grid("merged_grid", 1, [&] { return grid.merged_grid(other); });
+    log.grid("clipped_grid", 1, [&] { return grid.clipped_grid({{-30, -20, -60}}, {{30, 40, 20}}).grid; });
     // Documented in grid_batch.h: the hit count (with the checks), then the member offsets.
     log.grid("from_mesh (8 spheres)", 2, [&] {
         return GridBatch::from_mesh(mesh_vertices, meshes.vertex_offsets, mesh_faces, meshes.face_offsets, transforms,
@@ -201,6 +202,12 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
     const sparsegrid::Buffer<int64_t> found = log.measure("ijk_to_index (span)", 0,
                                                           [&] { return grid.ijk_to_index(queries, flat.offsets); });
     log.measurements().back().read_result = [found] { return found.to_host(); };
+    // Documented in grid_batch.h: "2 launches, no sync".
+    const sparsegrid::Buffer<int32_t> boxes = log.measure("bbox", 0, [&] { return grid.bbox(); });
+    log.measurements().back().read_result = [boxes] {
+        const std::vector<int32_t> values = boxes.to_host();
+        return std::vector<int64_t>(values.begin(), values.end());
+    };
 
     return log.measurements();
 }

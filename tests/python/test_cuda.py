@@ -17,7 +17,7 @@ import torch
 import sparsegrid as sg
 from sparsegrid import nn as snn
 
-from test_sparsegrid import CASES, random_members
+from test_sparsegrid import CASES, check_clip, member_bounds, random_members
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +68,7 @@ def topology_ops(seed):
         ("dilated_grid 1", lambda g: g.dilated_grid(1)),
         ("pruned_grid", lambda g: g.pruned_grid(mask(g))),
         ("merged_grid", lambda g: g.merged_grid(g.conv_transpose_grid(3, 1))),
+        ("clipped_grid", lambda g: g.clipped_grid([-10, -5, -20], [5, 20, 3])),
     ]
 
 
@@ -84,6 +85,48 @@ def test_grids_on_cuda_equal_the_cpu_grids(seed, cuda_device):
     index = cuda_grid.ijk_to_index([q.to(cuda_device) for q in queries])
     assert index.device == cuda_device
     assert torch.equal(index.cpu(), cpu_grid.ijk_to_index(queries))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bbox_on_cuda_equals_the_cpu_without_synchronising(seed, cuda_device):
+    members = random_members(seed, 4, empty=(1,))
+    members[3] = members[3] - 1000
+    cuda_grid = sg.GridBatch.from_ijk(members, device=cuda_device)
+    cpu_grid = sg.GridBatch.from_ijk(members)
+    before = sg.host_synchronizations()
+    box = cuda_grid.bbox()
+    assert sg.host_synchronizations() == before
+    assert box.device == cuda_device and box.dtype == torch.int32 and box.shape == (4, 2, 3)
+    assert torch.equal(box.cpu(), cpu_grid.bbox())
+    assert torch.equal(box.cpu(), member_bounds(cpu_grid))
+    assert box[1].tolist() == [[0, 0, 0], [-1, -1, -1]]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clipped_grid_on_cuda_equals_the_cpu(seed, cuda_device):
+    cuda_grid, cpu_grid = grid_pair(seed)
+    bounds = member_bounds(cpu_grid)
+    centre = (bounds[:, 0] + bounds[:, 1]) // 2
+    boxes = [
+        (bounds[:, 0], centre),  # per member, CPU tensors
+        (bounds[:, 0].to(cuda_device), centre.to(cuda_device)),  # per member, on the grid's device
+        ((centre - 1).tolist(), (centre + 2).tolist()),  # per member, lists
+        ([-10, -10, -10], [5, 20, 0]),  # one box for every member
+        ([0, 5, 0], [0, 4, 0]),  # keeps nothing
+        ([-2 ** 31] * 3, [2 ** 31 - 1] * 3),  # keeps everything
+    ]
+    features = torch.randn(cpu_grid.num_voxels, 3, dtype=torch.float64)
+    for ijk_min, ijk_max in boxes:
+        cpu_clipped, cpu_index = check_clip(cpu_grid, ijk_min.cpu() if isinstance(ijk_min, torch.Tensor) else ijk_min,
+                                            ijk_max.cpu() if isinstance(ijk_max, torch.Tensor) else ijk_max)
+        clipped, kept_index = cuda_grid.clipped_grid(ijk_min, ijk_max, return_index=True)
+        assert_same_grid(clipped, cpu_clipped)
+        assert kept_index.device == cuda_device and torch.equal(kept_index.cpu(), cpu_index)
+        assert torch.equal(features.to(cuda_device)[kept_index].cpu(), features[cpu_index])
+    with pytest.raises(RuntimeError, match="clipped_grid: ijk_max must have an integer dtype, got Float"):
+        cuda_grid.clipped_grid([0, 0, 0], torch.ones(3, device=cuda_device))
+    with pytest.raises(RuntimeError, match=r"clipped_grid: ijk_min must have shape \[3\] or \[B, 3\], got \[3, 2\]"):
+        cuda_grid.clipped_grid(torch.zeros(3, 2, dtype=torch.int32, device=cuda_device), [1, 1, 1])
 
 
 def test_constructors_follow_the_device(cuda_device):

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsegrid as sg
+from sparsegrid import nn as snn
 
 CASES = [
     ((3, 3, 3), (1, 1, 1)),
@@ -259,3 +260,133 @@ def test_cpu_work_never_synchronises():
     plan.execute(x, torch.randn(2, 3, 2, 2, 2)).sum().backward()
     # The counter is process-wide: CUDA tests run earlier in the same process may have raised it.
     assert sg.host_synchronizations() == before
+
+
+def test_per_axis_values_are_checked_once_by_the_layer():
+    grid = sg.GridBatch.from_ijk(random_members(11, 2, empty=()))
+    with pytest.raises(RuntimeError, match="conv_grid: kernel_size must have 1 or 3 entries, got 2"):
+        grid.conv_grid((3, 3), 1)
+    with pytest.raises(RuntimeError, match="conv_transpose_grid: stride must have 1 or 3 entries, got 4"):
+        grid.conv_transpose_grid(2, [2, 2, 2, 2])
+    with pytest.raises(RuntimeError, match="coarsened_grid: factor must have 1 or 3 entries, got 0"):
+        grid.coarsened_grid([])
+    with pytest.raises(RuntimeError, match="ConvolutionPlan: kernel_size must have 1 or 3 entries, got 2"):
+        sg.ConvolutionPlan.from_grid(grid, (3, 3))
+    with pytest.raises(RuntimeError, match="ConvolutionPlan: stride entries must fit int32, got 4294967298"):
+        sg.ConvolutionPlan.from_grid_transposed(grid, 3, [2 ** 32 + 2])
+    with pytest.raises(RuntimeError, match="ConvolutionPlan: kernel_size must have 1 or 3 entries, got 2"):
+        snn.SparseMaxPool3d((2, 2))(snn.SparseFeatures(grid, torch.zeros(grid.num_voxels, 1)))
+    # One entry means the same value on every axis, as in the layer's triple().
+    assert torch.equal(grid.conv_grid([3], [2]).ijk, grid.conv_grid(3, 2).ijk)
+
+
+def test_dilation_distance_is_converted_by_the_layer_and_checked_by_the_core():
+    grid = sg.GridBatch.from_ijk(random_members(12, 2, empty=()))
+    with pytest.raises(RuntimeError, match=r"dilated_grid: distance must fit int32, got 2147483648"):
+        grid.dilated_grid(2 ** 31)
+    with pytest.raises(RuntimeError, match=r"dilated_grid: distance must fit int32, got -2147483649"):
+        grid.dilated_grid(-2 ** 31 - 1)
+    for distance in (-1, 100000):
+        with pytest.raises(RuntimeError, match=rf"dilated_grid: distance must be in \[0, \d+\], got {distance}"):
+            grid.dilated_grid(distance)
+
+
+def member_bounds(grid):
+    """[B, 2, 3] per-member min and max by torch, (0, -1) for empty members."""
+    out = torch.tensor([[0, 0, 0], [-1, -1, -1]], dtype=torch.int32).repeat(grid.batch_size, 1, 1)
+    ijk = grid.ijk.cpu()
+    for m, rows in enumerate(member_rows(grid)):
+        if len(rows):
+            out[m, 0] = ijk[rows.start:rows.stop].min(0).values
+            out[m, 1] = ijk[rows.start:rows.stop].max(0).values
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_bbox_matches_the_member_min_and_max(seed):
+    members = random_members(seed, 4, empty=(1,))
+    members[3] = members[3] - 1000  # far in the negative octant
+    grid = sg.GridBatch.from_ijk(members)
+    box = grid.bbox()
+    assert box.dtype == torch.int32 and box.shape == (4, 2, 3) and box.device == grid.device
+    assert torch.equal(box, member_bounds(grid))
+    assert box[1].tolist() == [[0, 0, 0], [-1, -1, -1]]  # the empty member: hi < lo
+    assert (box[3] < -900).all()
+    for m in (0, 2, 3):
+        assert torch.equal(box[m, 0], members[m].min(0).values) and torch.equal(box[m, 1], members[m].max(0).values)
+
+
+def clip_by_brute_force(grid, ijk_min, ijk_max):
+    """Index in `grid` of every voxel inside its member's box, in grid order; boxes [B, 3] (broadcast)."""
+    lo = torch.as_tensor(ijk_min, dtype=torch.int64).reshape(-1, 3).expand(grid.batch_size, 3)
+    hi = torch.as_tensor(ijk_max, dtype=torch.int64).reshape(-1, 3).expand(grid.batch_size, 3)
+    ijk = grid.ijk.cpu().tolist()
+    kept = []
+    for m, rows in enumerate(member_rows(grid)):
+        kept.extend(v for v in rows if all(lo[m, a] <= ijk[v][a] <= hi[m, a] for a in range(3)))
+    return kept
+
+
+def check_clip(grid, ijk_min, ijk_max):
+    clipped, kept_index = grid.clipped_grid(ijk_min, ijk_max, return_index=True)
+    expected = clip_by_brute_force(grid, ijk_min, ijk_max)
+    assert kept_index.dtype == torch.int64 and kept_index.device == grid.device
+    assert kept_index.tolist() == expected  # increasing: the order is preserved
+    assert torch.equal(clipped.ijk, grid.ijk[kept_index])
+    offsets = grid.joffsets.tolist()
+    counts = [sum(offsets[m] <= v < offsets[m + 1] for v in expected) for m in range(grid.batch_size)]
+    assert clipped.joffsets.diff().tolist() == counts
+    assert torch.equal(clipped.voxel_sizes, grid.voxel_sizes) and torch.equal(clipped.origins, grid.origins)
+    # The voxel order of a grid built from the kept voxels, so every operation can use the clipped grid.
+    kept_members = [clipped.ijk[a:b] for a, b in zip(clipped.joffsets[:-1].tolist(), clipped.joffsets[1:].tolist())]
+    assert torch.equal(sg.GridBatch.from_ijk(kept_members).ijk, clipped.ijk)
+    features = torch.randn(grid.num_voxels, 3, dtype=torch.float64)
+    assert torch.equal(features[kept_index], features[expected])
+    return clipped, kept_index
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clipped_grid_matches_a_brute_force_filter(seed):
+    members = random_members(seed, 3)
+    sizes = torch.tensor([[0.5, 1.0, 2.0], [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]], dtype=torch.float64)
+    grid = sg.GridBatch.from_ijk(members, voxel_sizes=sizes, origins=[1.0, -2.0, 0.25])
+    bounds = member_bounds(grid)
+    centre = (bounds[:, 0] + bounds[:, 1]) // 2
+    # Per-member boxes around each member's centre (the lower half on every axis).
+    check_clip(grid, bounds[:, 0], centre)
+    check_clip(grid, (centre - 1).tolist(), (centre + 2).tolist())
+    # One box for every member, as a 3-sequence, a [3] tensor and a [1, 3] tensor.
+    for box in ([-10, -10, -10], torch.tensor([-10, -10, -10]), torch.tensor([[-10, -10, -10]], dtype=torch.int32)):
+        clipped, _ = check_clip(grid, box, [5, 20, 0])
+    # A box keeping everything, and boxes keeping nothing (min > max on one axis, or far away).
+    everything, kept_index = check_clip(grid, [-2 ** 31] * 3, [2 ** 31 - 1] * 3)
+    assert torch.equal(everything.ijk, grid.ijk) and torch.equal(kept_index, torch.arange(grid.num_voxels))
+    for ijk_min, ijk_max in (([0, 5, 0], [0, 4, 0]), ([1000, 1000, 1000], [2000, 2000, 2000])):
+        nothing, kept_index = check_clip(grid, ijk_min, ijk_max)
+        assert nothing.num_voxels == 0 and kept_index.shape == (0,)
+        assert nothing.batch_size == grid.batch_size and nothing.joffsets.tolist() == [0] * (grid.batch_size + 1)
+    # Without return_index: the grid alone.
+    alone = grid.clipped_grid([-5, -5, -5], [5, 5, 5])
+    assert isinstance(alone, sg.GridBatch)
+    assert torch.equal(alone.ijk, check_clip(grid, [-5, -5, -5], [5, 5, 5])[0].ijk)
+
+
+def test_clipped_grid_rejects_bad_boxes_naming_the_argument():
+    grid = sg.GridBatch.from_ijk(random_members(13, 3, empty=()))
+    lo, hi = [0, 0, 0], [5, 5, 5]
+    with pytest.raises(RuntimeError, match=r"clipped_grid: ijk_min must have shape \[3\] or \[B, 3\], got \[2\]"):
+        grid.clipped_grid([0, 0], hi)
+    with pytest.raises(RuntimeError, match=r"clipped_grid: ijk_max must have shape \[3\] or \[B, 3\], got \[3, 4\]"):
+        grid.clipped_grid(lo, torch.zeros(3, 4, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="clipped_grid: ijk_min must have an integer dtype, got Float"):
+        grid.clipped_grid([0.0, 0.5, 0.0], hi)
+    with pytest.raises(RuntimeError, match="clipped_grid: ijk_max must have an integer dtype, got Double"):
+        grid.clipped_grid(lo, torch.tensor([5.0, 5.0, 5.0], dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="clipped_grid: ijk_max must have an integer dtype, got Bool"):
+        grid.clipped_grid(lo, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="clipped_grid: ijk_min entries must fit int32, got -2147483649"):
+        grid.clipped_grid([0, -2 ** 31 - 1, 0], hi)
+    with pytest.raises(RuntimeError, match=r"clipped_grid: ijk_max must hold 1 or batch_size \(3\) coordinates, got 2"):
+        grid.clipped_grid(lo, [hi, hi])
+    with pytest.raises(RuntimeError, match="clipped_grid: ijk_min is on meta"):
+        grid.clipped_grid(torch.zeros(3, dtype=torch.int64, device="meta"), hi)

@@ -1,31 +1,22 @@
-// GridBatch front end: validation, output transforms and boxes, backend dispatch.
+// GridBatch front end: validation, the choice of algorithm (order-preserving fast paths for factors
+// 2^p), output transforms and boxes, then one backend call per operation.
 #include <sparsegrid/grid_batch.h>
 
-#include "core/backend.h"
-#include "core/checks.h"
-#include "cpu/mesh_cpu.h"
-#if defined(SPARSEGRID_WITH_CUDA)
-#include "cuda/mesh_cuda.h"
-#endif
+#include "api/dispatch.h"
+#include "api/front_end.h"
+#include "api/validation.h"
 
-#include <cmath>
+#include <algorithm>
 
 namespace sparsegrid {
 
 using detail::GridStorage;
 using detail::GridTopology;
+using detail::make_grid;
+using detail::on_backend;
 using detail::throw_error;
 
 namespace {
-
-std::shared_ptr<const GridStorage> make_storage(GridTopology topology, std::vector<MemberTransform> transforms,
-                                                const Context& ctx) {
-    auto storage = std::make_shared<GridStorage>();
-    storage->topology = std::move(topology);
-    storage->transforms = std::move(transforms);
-    storage->context = ctx;
-    return storage;
-}
 
 std::vector<MemberTransform> map_transforms(const std::vector<MemberTransform>& in,
                                             MemberTransform (*fn)(const MemberTransform&, const Vec3i&),
@@ -66,19 +57,56 @@ MemberTransform refine_transform(const MemberTransform& t, const Vec3i& factor) 
     return out;
 }
 
-void check_mask(const char* op, Span<const uint8_t> mask, int64_t num_voxels) {
-    if (mask.size != num_voxels)
-        throw_error(op, ": mask must hold one byte per voxel (", num_voxels, "), got ", mask.size);
-    if (mask.size > 0 && mask.data == nullptr) throw_error(op, ": mask data is null for ", mask.size, " entries");
+}  // namespace
+
+namespace detail {
+
+GridBatch make_grid(GridTopology topology, std::vector<MemberTransform> transforms, const Context& ctx) {
+    auto storage = std::make_shared<GridStorage>();
+    storage->topology = std::move(topology);
+    storage->transforms = std::move(transforms);
+    storage->context = ctx;
+    return GridBatch(std::move(storage));
 }
 
-}  // namespace
+GridBatch generate_conv_grid(const char* op, const GridBatch& grid, const ConvGeometry& g) {
+    if (g.is_uniform(1, 1)) return grid;
+    const CoordBox out_box = conv_grid_box(op, grid.coordinate_box(), g);
+    const GridStorage& storage = grid.storage();
+    // K = S = 2 on every axis: pb = 0 and each fine voxel has exactly one parent, floor(f / 2).
+    const bool halving = g.is_uniform(2, 2);
+    if (!halving) checked_mul(op, "candidate count", grid.num_voxels(), conv_grid_candidates_per_voxel(g));
+    GridTopology topology = on_backend(op, grid.device(), [&](auto backend) {
+        return halving ? backend.coarsened_by_power_of_two(storage, 1, out_box)
+                       : backend.conv_grid(storage, g, out_box);
+    });
+    return make_grid(std::move(topology), map_transforms(grid.transforms(), scale_up, stride_of(g)), grid.context());
+}
+
+GridBatch generate_conv_transpose_grid(const char* op, const GridBatch& grid, const ConvGeometry& g) {
+    if (g.is_uniform(1, 1)) return grid;
+    const CoordBox out_box = conv_transpose_grid_box(op, grid.coordinate_box(), g);
+    const GridStorage& storage = grid.storage();
+    // K = S = 2 on every axis: pb = 0, the output is the subdivision by 2.
+    const bool doubling = g.is_uniform(2, 2);
+    checked_mul(op, doubling ? "output voxel count" : "candidate count", grid.num_voxels(), g.kernel_volume());
+    GridTopology topology = on_backend(op, grid.device(), [&](auto backend) {
+        return doubling ? backend.refined_by_power_of_two(storage, 1, out_box)
+                        : backend.conv_transpose_grid(storage, g, out_box);
+    });
+    return make_grid(std::move(topology), map_transforms(grid.transforms(), scale_down, stride_of(g)), grid.context());
+}
+
+Vec3i kernel_size_of(const ConvGeometry& g) { return {g.kernel[0], g.kernel[1], g.kernel[2]}; }
+Vec3i stride_of(const ConvGeometry& g) { return {g.stride[0], g.stride[1], g.stride[2]}; }
+
+}  // namespace detail
 
 GridBatch::GridBatch() {
     GridTopology topology;
     topology.offsets = {0};
     topology.offsets_buffer = Buffer<int64_t>::from_host(topology.offsets, Context{});
-    m_storage = make_storage(std::move(topology), {}, Context{});
+    *this = detail::make_grid(std::move(topology), {}, Context{});
 }
 
 GridBatch::GridBatch(std::shared_ptr<const GridStorage> storage) : m_storage(std::move(storage)) {}
@@ -93,8 +121,9 @@ GridBatch GridBatch::from_ijk(Span<const int32_t> ijk, const std::vector<int64_t
     detail::check_offsets(op, "member_offsets", member_offsets, ijk.size / 3);
     const int64_t batch_size = static_cast<int64_t>(member_offsets.size()) - 1;
     std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, true);
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, build_from_ijk(ijk.data, member_offsets, ctx));
-    return GridBatch(make_storage(std::move(topology), std::move(resolved), ctx));
+    GridTopology topology = on_backend(
+        op, ctx.device, [&](auto backend) { return backend.build_from_ijk(ijk.data, member_offsets, ctx); });
+    return make_grid(std::move(topology), std::move(resolved), ctx);
 }
 
 GridBatch GridBatch::from_ijk(const std::vector<std::vector<Vec3i>>& members,
@@ -118,7 +147,18 @@ GridBatch GridBatch::from_points(Span<const double> xyz, const std::vector<int64
     detail::check_offsets(op, "member_offsets", member_offsets, xyz.size / 3);
     const int64_t batch_size = static_cast<int64_t>(member_offsets.size()) - 1;
     std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, false);
-    Buffer<int32_t> ijk = SPARSEGRID_DISPATCH(op, ctx, points_to_ijk(xyz.data, member_offsets, resolved, ctx));
+    int64_t bad = -1;
+    Buffer<int32_t> ijk = on_backend(op, ctx.device, [&](auto backend) {
+        return backend.points_to_ijk(xyz.data, member_offsets, resolved, &bad, ctx);
+    });
+    if (bad >= 0) {
+        const int64_t member = std::upper_bound(member_offsets.begin(), member_offsets.end(), bad) -
+            member_offsets.begin() - 1;
+        double point[3];
+        detail::copy_bytes(point, Device::cpu(), xyz.data + 3 * bad, ctx.device, sizeof(point), ctx.stream);
+        throw_error(op, ": xyz point ", bad, " (member ", member, ") = (", point[0], ", ", point[1], ", ", point[2],
+                    ") must be finite and map to a voxel index within int32 range");
+    }
     return from_ijk(Span<const int32_t>(ijk.data(), ijk.size()), member_offsets, resolved, ctx);
 }
 
@@ -152,9 +192,10 @@ GridBatch GridBatch::from_mesh(Span<const double> vertices, const std::vector<in
     const int64_t batch_size = static_cast<int64_t>(face_offsets.size()) - 1;
     std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, false);
     // Face indices and vertex values live on ctx.device: the backend checks them (same errors on both).
-    GridTopology topology = SPARSEGRID_DISPATCH(
-        op, ctx, from_mesh(vertices.data, vertex_offsets, faces.data, face_offsets, resolved, ctx));
-    return GridBatch(make_storage(std::move(topology), std::move(resolved), ctx));
+    GridTopology topology = on_backend(op, ctx.device, [&](auto backend) {
+        return backend.from_mesh(vertices.data, vertex_offsets, faces.data, face_offsets, resolved, ctx);
+    });
+    return make_grid(std::move(topology), std::move(resolved), ctx);
 }
 
 // ---- accessors ------------------------------------------------------------------------------------
@@ -217,8 +258,8 @@ Buffer<int64_t> GridBatch::ijk_to_index(Span<const int32_t> query_ijk,
     if (static_cast<int64_t>(query_offsets.size()) - 1 != batch_size())
         throw_error(op, ": query_offsets must describe ", batch_size(), " members (", batch_size() + 1,
                     " entries), got ", query_offsets.size(), " entries");
-    const Context& ctx = context();
-    return SPARSEGRID_DISPATCH(op, ctx, ijk_to_index(*m_storage, query_ijk.data, query_offsets));
+    return on_backend(op, device(),
+                      [&](auto backend) { return backend.ijk_to_index(*m_storage, query_ijk.data, query_offsets); });
 }
 
 std::vector<int64_t> GridBatch::ijk_to_index(const std::vector<std::vector<Vec3i>>& queries) const {
@@ -239,12 +280,7 @@ std::vector<int64_t> GridBatch::ijk_to_index(const std::vector<std::vector<Vec3i
 
 GridBatch GridBatch::conv_grid(const Vec3i& kernel_size, const Vec3i& stride) const {
     constexpr const char* op = "conv_grid";
-    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (g.is_uniform(1, 1)) return *this;
-    const CoordBox out_box = detail::conv_grid_box(op, coordinate_box(), g);
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, conv_grid(*m_storage, g, out_box));
-    return GridBatch(make_storage(std::move(topology), map_transforms(transforms(), scale_up, stride), ctx));
+    return detail::generate_conv_grid(op, *this, detail::make_conv_geometry(op, kernel_size, stride));
 }
 
 GridBatch GridBatch::conv_grid(int32_t kernel_size, int32_t stride) const {
@@ -253,12 +289,7 @@ GridBatch GridBatch::conv_grid(int32_t kernel_size, int32_t stride) const {
 
 GridBatch GridBatch::conv_transpose_grid(const Vec3i& kernel_size, const Vec3i& stride) const {
     constexpr const char* op = "conv_transpose_grid";
-    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (g.is_uniform(1, 1)) return *this;
-    const CoordBox out_box = detail::conv_transpose_grid_box(op, coordinate_box(), g);
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, conv_transpose_grid(*m_storage, g, out_box));
-    return GridBatch(make_storage(std::move(topology), map_transforms(transforms(), scale_down, stride), ctx));
+    return detail::generate_conv_transpose_grid(op, *this, detail::make_conv_geometry(op, kernel_size, stride));
 }
 
 GridBatch GridBatch::conv_transpose_grid(int32_t kernel_size, int32_t stride) const {
@@ -270,9 +301,13 @@ GridBatch GridBatch::coarsened_grid(const Vec3i& factor) const {
     detail::check_positive(op, "factor", factor);
     if (factor == Vec3i{1, 1, 1}) return *this;
     const CoordBox out_box = detail::coarsened_box(coordinate_box(), factor);
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, coarsened_grid(*m_storage, factor, out_box));
-    return GridBatch(make_storage(std::move(topology), map_transforms(transforms(), coarsen_transform, factor), ctx));
+    int32_t log2_factor = 0;
+    const bool sorted = detail::uniform_power_of_two(factor, &log2_factor);
+    GridTopology topology = on_backend(op, device(), [&](auto backend) {
+        return sorted ? backend.coarsened_by_power_of_two(*m_storage, log2_factor, out_box)
+                      : backend.coarsened_grid(*m_storage, factor, out_box);
+    });
+    return make_grid(std::move(topology), map_transforms(transforms(), coarsen_transform, factor), context());
 }
 
 GridBatch GridBatch::coarsened_grid(int32_t factor) const { return coarsened_grid(Vec3i{factor, factor, factor}); }
@@ -281,15 +316,20 @@ GridBatch GridBatch::refined_grid(const Vec3i& factor, Span<const uint8_t> mask)
     constexpr const char* op = "refined_grid";
     detail::check_positive(op, "factor", factor);
     if (mask.size != 0 || mask.data != nullptr) {
-        check_mask(op, mask, num_voxels());
+        detail::check_mask(op, mask, num_voxels());
         // Pruning first gives the exact box of the kept voxels, so only they are checked for overflow.
         return pruned_grid(mask).refined_grid(factor);
     }
     if (factor == Vec3i{1, 1, 1}) return *this;
     const CoordBox out_box = detail::refined_box(op, coordinate_box(), factor);
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, refined_grid(*m_storage, factor, out_box));
-    return GridBatch(make_storage(std::move(topology), map_transforms(transforms(), refine_transform, factor), ctx));
+    detail::checked_mul(op, "output voxel count", num_voxels(), int64_t{factor[0]} * factor[1] * factor[2]);
+    int32_t log2_factor = 0;
+    const bool sorted = detail::uniform_power_of_two(factor, &log2_factor);
+    GridTopology topology = on_backend(op, device(), [&](auto backend) {
+        return sorted ? backend.refined_by_power_of_two(*m_storage, log2_factor, out_box)
+                      : backend.refined_grid(*m_storage, factor, out_box);
+    });
+    return make_grid(std::move(topology), map_transforms(transforms(), refine_transform, factor), context());
 }
 
 GridBatch GridBatch::refined_grid(int32_t factor, Span<const uint8_t> mask) const {
@@ -298,26 +338,19 @@ GridBatch GridBatch::refined_grid(int32_t factor, Span<const uint8_t> mask) cons
 
 GridBatch GridBatch::dilated_grid(int32_t distance) const {
     constexpr const char* op = "dilated_grid";
-    // The Chebyshev ball of radius d is the stride-1 conv grid of the odd kernel 2d + 1, whose tap
-    // count (2d + 1)^3 must fit int32: d <= 645.
-    constexpr int32_t max_distance = 645;
-    if (distance < 0 || distance > max_distance)
-        throw_error(op, ": distance must be in [0, ", max_distance, "], got ", distance);
-    if (distance == 0) return *this;
+    if (distance < 0 || distance > max_dilation_distance)
+        throw_error(op, ": distance must be in [0, ", max_dilation_distance, "], got ", distance);
+    // The Chebyshev ball of radius d is the stride-1 conv grid of the odd kernel 2d + 1 (same transforms).
     const int32_t k = 2 * distance + 1;
-    const detail::ConvGeometry g = detail::make_conv_geometry(op, {k, k, k}, {1, 1, 1});
-    const CoordBox out_box = detail::conv_grid_box(op, coordinate_box(), g);
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, conv_grid(*m_storage, g, out_box));
-    return GridBatch(make_storage(std::move(topology), transforms(), ctx));
+    return detail::generate_conv_grid(op, *this, detail::make_conv_geometry(op, {k, k, k}, {1, 1, 1}));
 }
 
 GridBatch GridBatch::pruned_grid(Span<const uint8_t> mask) const {
     constexpr const char* op = "pruned_grid";
-    check_mask(op, mask, num_voxels());
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, pruned_grid(*m_storage, mask.data));
-    return GridBatch(make_storage(std::move(topology), transforms(), ctx));
+    detail::check_mask(op, mask, num_voxels());
+    GridTopology topology = on_backend(op, device(),
+                                       [&](auto backend) { return backend.pruned_grid(*m_storage, mask.data); });
+    return make_grid(std::move(topology), transforms(), context());
 }
 
 GridBatch GridBatch::merged_grid(const GridBatch& other) const {
@@ -333,9 +366,48 @@ GridBatch GridBatch::merged_grid(const GridBatch& other) const {
                         detail::to_string(other.voxel_size(m)), " origin ", detail::to_string(other.origin(m)),
                         "); merged grids must share voxel size and origin exactly");
     const CoordBox out_box = detail::union_box(coordinate_box(), other.coordinate_box());
-    const Context& ctx = context();
-    GridTopology topology = SPARSEGRID_DISPATCH(op, ctx, merged_grid(*m_storage, other.storage(), out_box));
-    return GridBatch(make_storage(std::move(topology), transforms(), ctx));
+    GridTopology topology = on_backend(
+        op, device(), [&](auto backend) { return backend.merged_grid(*m_storage, other.storage(), out_box); });
+    return make_grid(std::move(topology), transforms(), context());
+}
+
+ClippedGrid GridBatch::clipped_grid(const std::vector<Vec3i>& ijk_min, const std::vector<Vec3i>& ijk_max) const {
+    constexpr const char* op = "clipped_grid";
+    const int64_t members = batch_size();
+    for (const auto* bound : {&ijk_min, &ijk_max}) {
+        const int64_t count = static_cast<int64_t>(bound->size());
+        if (count != 1 && count != members)
+            throw_error(op, ": ", bound == &ijk_min ? "ijk_min" : "ijk_max", " must hold 1 or batch_size (", members,
+                        ") coordinates, got ", count);
+    }
+    std::vector<int32_t> boxes(static_cast<size_t>(6 * members));
+    for (int64_t m = 0; m < members; ++m) {
+        const Vec3i& lo = ijk_min[ijk_min.size() == 1 ? 0 : m];
+        const Vec3i& hi = ijk_max[ijk_max.size() == 1 ? 0 : m];
+        for (int a = 0; a < 3; ++a) {
+            boxes[6 * m + a] = lo[a];
+            boxes[6 * m + 3 + a] = hi[a];
+        }
+    }
+    const Buffer<int32_t> device_boxes = Buffer<int32_t>::from_host(boxes, context());
+    Buffer<int64_t> kept_index;
+    GridTopology topology = on_backend(
+        op, device(), [&](auto backend) { return backend.clipped_grid(*m_storage, device_boxes.data(), &kept_index); });
+    return ClippedGrid{make_grid(std::move(topology), transforms(), context()), std::move(kept_index)};
+}
+
+Buffer<int32_t> GridBatch::bbox() const {
+    return on_backend("bbox", device(), [&](auto backend) { return backend.bbox(*m_storage); });
+}
+
+std::vector<CoordBox> GridBatch::bbox_host() const {
+    const std::vector<int32_t> flat = bbox().to_host(context().stream);
+    std::vector<CoordBox> boxes(static_cast<size_t>(batch_size()));
+    for (size_t m = 0; m < boxes.size(); ++m) {
+        boxes[m].lo = {flat[6 * m], flat[6 * m + 1], flat[6 * m + 2]};
+        boxes[m].hi = {flat[6 * m + 3], flat[6 * m + 4], flat[6 * m + 5]};
+    }
+    return boxes;
 }
 
 }  // namespace sparsegrid

@@ -1,20 +1,53 @@
-// ConvolutionPlan: construction, the shared maps, argument checks and dispatch.
+// ConvolutionPlan front end: construction from checked geometry, the shared maps, argument checks, and
+// the choice of execution (row order, scatter, the weight gradient's map) before one backend call.
 #include <sparsegrid/convolution.h>
 
-#include "core/backend.h"
-#include "core/checks.h"
-#include "cpu/convolution_cpu.h"
-#if defined(SPARSEGRID_WITH_CUDA)
-#include "cuda/convolution_cuda.h"
-#endif
+#include "api/dispatch.h"
+#include "api/front_end.h"
+#include "api/validation.h"
+#include "core/env.h"
 
+#include <climits>
 #include <mutex>
 
 namespace sparsegrid {
 
+using detail::on_backend;
 using detail::throw_error;
 
 namespace detail {
+
+/// Below this many rows a map is taken in voxel order on CUDA: its convolution is a few blocks whose
+/// time is launch latency, and the order would add two launches and five allocations to every such
+/// plan (the coarse levels of a network, small batches).
+constexpr int64_t kRowOrderMinRows = 4096;
+
+/// The smallest map that gets a row order: kRowOrderMinRows, or from SPARSEGRID_CONV_ORDER: "0" takes
+/// every map in voxel order, "1" orders every map (both for measurements and tests; results are equal).
+int64_t row_order_min_rows() {
+    static const int64_t min_rows = [] {
+        const std::string value = env_string("SPARSEGRID_CONV_ORDER");
+        if (value == "0") return INT64_MAX;
+        if (value == "1") return int64_t{1};
+        return kRowOrderMinRows;
+    }();
+    return min_rows;
+}
+
+/// Whether the rows of a map are visited sorted by their sets of taps, so that the blocks of the CUDA
+/// kernels skip the taps none of their rows has. The CPU takes rows in voxel order (each thread owns a
+/// contiguous range, and an order would scatter its writes).
+bool wants_row_order(Device device, int64_t rows, int32_t volume) {
+    return !device.is_cpu() && rows >= row_order_min_rows() && volume > 1 && volume <= 64 && rows <= INT32_MAX;
+}
+
+/// Whether an execution whose output rows have at most one edge each runs over the other map, scattering
+/// each product to its one output row: on CUDA unless SPARSEGRID_CONV_SCATTER is "0" (for measurements;
+/// the results are the same). The CPU always gathers.
+bool wants_scatter(Device device) {
+    static const bool enabled = env_switch("SPARSEGRID_CONV_SCATTER", true);
+    return !device.is_cpu() && enabled;
+}
 
 /// The two neighbour maps of a plan and its transpose: slot 0 has rows = the original plan's target,
 /// slot 1 rows = its source. Slot 1 is derived from slot 0 on first use (no lookups).
@@ -22,6 +55,8 @@ struct PlanMaps {
     KernelMap rows_of_target;
     mutable KernelMap rows_of_source;
     mutable std::once_flag source_built;
+    mutable std::once_flag order_built[2];
+    mutable Buffer<int32_t> order[2];
 
     const KernelMap& slot(int index) const {
         if (index == 0) return rows_of_target;
@@ -29,18 +64,17 @@ struct PlanMaps {
         return rows_of_source;
     }
 
-#if defined(SPARSEGRID_WITH_CUDA)
-    /// The CUDA row order of a slot's map (see cuda::row_order), built on first use on `ctx`'s stream.
-    const int32_t* row_order(int index, const Context& ctx) const {
+    /// The row order of a slot's map (null: voxel order), built on first use on `ctx`'s stream.
+    const int32_t* row_order(const char* op, int index, const Context& ctx) const {
+        const KernelMap& map = slot(index);
+        if (!wants_row_order(ctx.device, map.num_target(), map.kernel_volume())) return nullptr;
         std::call_once(order_built[index], [&] {
-            const KernelMap& map = slot(index);
-            order[index] = cuda::row_order(map.neighbour_map().data(), map.num_target(), map.kernel_volume(), ctx);
+            order[index] = on_backend(op, ctx.device, [&](auto backend) {
+                return backend.row_order(map.neighbour_map().data(), map.num_target(), map.kernel_volume(), ctx);
+            });
         });
         return order[index].data();
     }
-    mutable std::once_flag order_built[2];
-    mutable Buffer<int32_t> order[2];
-#endif
 };
 
 }  // namespace detail
@@ -73,10 +107,6 @@ void check_execution(const char* op, int64_t in_channels, int64_t out_channels, 
     check_dtype(op, dtype, plan_device);
 }
 
-}  // namespace
-
-namespace {
-
 std::shared_ptr<detail::PlanMaps> maps_of(KernelMap map) {
     auto maps = std::make_shared<detail::PlanMaps>();
     maps->rows_of_target = std::move(map);
@@ -99,40 +129,43 @@ ConvolutionPlan ConvolutionPlan::assemble(GridBatch source, GridBatch target, co
 }
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
-    if (detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride).is_uniform(1, 1))
-        return make(source, source, kernel_size, stride);
-    GridAndMap built = conv_grid_and_map(source, kernel_size, stride);
+    constexpr const char* op = "ConvolutionPlan::make";
+    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
+    // K = S = 1 generates the source itself: the identity plan, a plain matrix product without a map.
+    if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, MapDirection::Forward, nullptr);
+    GridAndMap built = detail::build_conv_grid_and_map(op, source, g);
     return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Forward,
                     maps_of(std::move(built.map)));
 }
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
                                       const Vec3i& stride) {
-    const detail::ConvGeometry geometry = detail::make_conv_geometry("ConvolutionPlan::make", kernel_size, stride);
-    // A grid onto itself with K = S = 1 is a plain matrix product: no map.
-    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage())
+    constexpr const char* op = "ConvolutionPlan::make";
+    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
+    if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
         return assemble(source, target, kernel_size, stride, MapDirection::Forward, nullptr);
     return assemble(source, target, kernel_size, stride, MapDirection::Forward,
-                    maps_of(neighbour_map(source, target, kernel_size, stride, MapDirection::Forward)));
+                    maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Forward)));
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const Vec3i& kernel_size,
                                                  const Vec3i& stride) {
-    if (detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size, stride).is_uniform(1, 1))
-        return make_transposed(source, source, kernel_size, stride);
-    GridAndMap built = conv_transpose_grid_and_map(source, kernel_size, stride);
+    constexpr const char* op = "ConvolutionPlan::make_transposed";
+    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
+    if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, MapDirection::Transposed, nullptr);
+    GridAndMap built = detail::build_conv_transpose_grid_and_map(op, source, g);
     return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Transposed,
                     maps_of(std::move(built.map)));
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
                                                  const Vec3i& kernel_size, const Vec3i& stride) {
-    const detail::ConvGeometry geometry = detail::make_conv_geometry("ConvolutionPlan::make_transposed", kernel_size,
-                                                                     stride);
-    if (geometry.is_uniform(1, 1) && &source.storage() == &target.storage())
+    constexpr const char* op = "ConvolutionPlan::make_transposed";
+    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
+    if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
         return assemble(source, target, kernel_size, stride, MapDirection::Transposed, nullptr);
     return assemble(source, target, kernel_size, stride, MapDirection::Transposed,
-                    maps_of(neighbour_map(source, target, kernel_size, stride, MapDirection::Transposed)));
+                    maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Transposed)));
 }
 
 ConvolutionPlan ConvolutionPlan::transposed() const {
@@ -171,45 +204,42 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
 void ConvolutionPlan::prepare() const { prepare(m_target.context()); }
 
 void ConvolutionPlan::prepare(const Context& ctx) const {
+    constexpr const char* op = "ConvolutionPlan::prepare";
     if (ctx.device != m_target.device())
-        throw_error("ConvolutionPlan::prepare: the context's device ", ctx.device.str(),
-                    " differs from the plan's device ", m_target.device().str());
+        throw_error(op, ": the context's device ", ctx.device.str(), " differs from the plan's device ",
+                    m_target.device().str());
     if (!m_maps) return;
     m_maps->slot(1);
-#if defined(SPARSEGRID_WITH_CUDA)
-    if (!ctx.device.is_cpu()) {
-        m_maps->row_order(0, ctx);
-        m_maps->row_order(1, ctx);
-    }
-#endif
+    m_maps->row_order(op, 0, ctx);
+    m_maps->row_order(op, 1, ctx);
 }
 
 void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
                                   const void* weight, bool transpose_weight, void* out, int64_t x_channels,
                                   int64_t out_channels, DType dtype, const Context& ctx) const {
-    const int32_t* map = m_maps ? m_maps->slot(slot).neighbour_map().data() : nullptr;
-    const int32_t volume = m_maps ? kernel_volume() : 1;
-    if (ctx.device.is_cpu()) {
-        detail::cpu::map_convolution(map, rows, volume, x, weight, transpose_weight, out, x_channels, out_channels,
-                                     dtype, ctx);
-        return;
-    }
-#if defined(SPARSEGRID_WITH_CUDA)
-    (void)op;
-    if (m_maps && single_edge_rows && detail::cuda::scatter_enabled()) {
+    detail::MapConvolution args;
+    args.rows = rows;
+    args.out_rows = rows;
+    args.volume = m_maps ? kernel_volume() : 1;
+    args.x = x;
+    args.weight = weight;
+    args.transpose_weight = transpose_weight;
+    args.out = out;
+    args.x_channels = x_channels;
+    args.out_channels = out_channels;
+    args.dtype = dtype;
+    if (m_maps && single_edge_rows && detail::wants_scatter(ctx.device)) {
         // Over the other map (rows = the input's), each product written to its one output row.
         const KernelMap& input_rows = m_maps->slot(1 - slot);
-        detail::cuda::map_convolution(input_rows.neighbour_map().data(), m_maps->row_order(1 - slot, ctx),
-                                      input_rows.num_target(), volume, x, weight, transpose_weight, out, x_channels,
-                                      out_channels, dtype, true, rows, ctx);
-        return;
+        args.map = input_rows.neighbour_map().data();
+        args.order = m_maps->row_order(op, 1 - slot, ctx);
+        args.rows = input_rows.num_target();
+        args.scatter = true;
+    } else if (m_maps) {
+        args.map = m_maps->slot(slot).neighbour_map().data();
+        args.order = m_maps->row_order(op, slot, ctx);
     }
-    const int32_t* order = m_maps ? m_maps->row_order(slot, ctx) : nullptr;
-    detail::cuda::map_convolution(map, order, rows, volume, x, weight, transpose_weight, out, x_channels, out_channels,
-                                  dtype, false, rows, ctx);
-#else
-    detail::throw_backend_unavailable(op, ctx.device);
-#endif
+    on_backend(op, ctx.device, [&](auto backend) { backend.map_convolution(args, ctx); });
 }
 
 void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
@@ -245,27 +275,27 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "grad_weight", grad_weight, out_channels, in_channels * kernel_volume());
-    const int32_t* map = m_maps ? target_map().neighbour_map().data() : nullptr;
-    const int32_t volume = m_maps ? kernel_volume() : 1;
-    if (ctx.device.is_cpu()) {
-        detail::cpu::map_weight_gradient(map, m_target.num_voxels(), volume, input, grad_output, grad_weight,
-                                         in_channels, out_channels, dtype, ctx);
-        return;
+    detail::MapWeightGradient args;
+    args.rows = m_target.num_voxels();
+    args.volume = m_maps ? kernel_volume() : 1;
+    args.x = input;
+    args.grad = grad_output;
+    args.grad_weight = grad_weight;
+    args.in_channels = in_channels;
+    args.out_channels = out_channels;
+    args.dtype = dtype;
+    if (m_maps && !ctx.device.is_cpu() && m_source.num_voxels() < m_target.num_voxels()) {
+        // CUDA runs over whichever map has fewer rows: every edge is in both, but its kernels scan each
+        // row once per tap, so e.g. the generative k2s2 (8 fine rows of one edge per coarse row of 8)
+        // takes the coarse rows. The source map is derived when missing (the input gradient needs it
+        // anyway). The CPU sums over target rows in order.
+        args.map = source_map().neighbour_map().data();
+        args.rows = m_source.num_voxels();
+        args.rows_are_source = true;
+    } else if (m_maps) {
+        args.map = target_map().neighbour_map().data();
     }
-#if defined(SPARSEGRID_WITH_CUDA)
-    // Over whichever map has fewer rows: every edge is in both, but the CUDA kernels scan each row once
-    // per tap, so e.g. the generative k2s2 (8 fine rows of one edge per coarse row of 8) takes the coarse
-    // rows. The source map is derived when missing (the input gradient needs it anyway).
-    if (m_maps && m_source.num_voxels() < m_target.num_voxels()) {
-        detail::cuda::map_weight_gradient(source_map().neighbour_map().data(), m_source.num_voxels(), volume, true,
-                                          input, grad_output, grad_weight, in_channels, out_channels, dtype, ctx);
-        return;
-    }
-    detail::cuda::map_weight_gradient(map, m_target.num_voxels(), volume, false, input, grad_output, grad_weight,
-                                      in_channels, out_channels, dtype, ctx);
-#else
-    detail::throw_backend_unavailable(op, ctx.device);
-#endif
+    on_backend(op, ctx.device, [&](auto backend) { backend.map_weight_gradient(args, ctx); });
 }
 
 }  // namespace sparsegrid

@@ -1,6 +1,6 @@
 #include <sparsegrid/mesh_io.h>
 
-#include "core/checks.h"
+#include "core/errors.h"
 
 #include <filesystem>
 

@@ -1,20 +1,14 @@
-#include "core/checks.h"
+#include "api/validation.h"
 
 #include <climits>
 #include <cmath>
 
 namespace sparsegrid::detail {
 
-std::string to_string(const Vec3i& v) {
-    std::ostringstream s;
-    s << "(" << v[0] << ", " << v[1] << ", " << v[2] << ")";
-    return s.str();
-}
-
-std::string to_string(const Vec3d& v) {
-    std::ostringstream s;
-    s << "(" << v[0] << ", " << v[1] << ", " << v[2] << ")";
-    return s.str();
+void check_mask(const char* op, Span<const uint8_t> mask, int64_t num_voxels) {
+    if (mask.size != num_voxels)
+        throw_error(op, ": mask must hold one byte per voxel (", num_voxels, "), got ", mask.size);
+    if (mask.size > 0 && mask.data == nullptr) throw_error(op, ": mask data is null for ", mask.size, " entries");
 }
 
 void check_positive(const char* op, const char* name, const Vec3i& values) {
@@ -69,12 +63,6 @@ std::vector<MemberTransform> resolve_transforms(const char* op, const std::vecto
     return transforms;
 }
 
-int64_t checked_mul(const char* op, const char* what, int64_t a, int64_t b) {
-    int64_t result = 0;
-    if (__builtin_mul_overflow(a, b, &result)) throw_error(op, ": ", what, " (", a, " x ", b, ") overflows int64");
-    return result;
-}
-
 namespace {
 
 int32_t checked_coordinate(const char* op, int axis, int64_t value) {
@@ -127,44 +115,6 @@ CoordBox refined_box(const char* op, const CoordBox& box, const Vec3i& factor) {
         out.hi[a] = checked_coordinate(op, a, int64_t{factor[a]} * box.hi[a] + factor[a] - 1);
     }
     return out;
-}
-
-CoordBox union_box(const CoordBox& a, const CoordBox& b) {
-    if (a.empty()) return b;
-    if (b.empty()) return a;
-    CoordBox out;
-    for (int d = 0; d < 3; ++d) {
-        out.lo[d] = std::min(a.lo[d], b.lo[d]);
-        out.hi[d] = std::max(a.hi[d], b.hi[d]);
-    }
-    return out;
-}
-
-KeyCodec make_codec(const CoordBox& box, int64_t batch_size) {
-    KeyCodec codec;
-    codec.coord_bits = 1;
-    if (!box.empty()) {
-        for (int a = 0; a < 3; ++a) {
-            while (true) {
-                const int64_t half = int64_t{1} << (codec.coord_bits - 1);
-                if (box.lo[a] >= -half && box.hi[a] < half) break;
-                ++codec.coord_bits;
-            }
-        }
-    }
-    codec.member_bits = 0;
-    while (codec.member_bits < 32 && (int64_t{1} << codec.member_bits) < batch_size) ++codec.member_bits;
-    return codec;
-}
-
-bool uniform_power_of_two(const Vec3i& factor, int32_t* log2_factor) {
-    if (factor[0] != factor[1] || factor[0] != factor[2] || factor[0] < 1) return false;
-    const int32_t f = factor[0];
-    if ((f & (f - 1)) != 0) return false;
-    int32_t p = 0;
-    while ((1 << p) < f) ++p;
-    *log2_factor = p;
-    return true;
 }
 
 }  // namespace sparsegrid::detail

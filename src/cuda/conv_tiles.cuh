@@ -1,0 +1,199 @@
+// Shared pieces of the CUDA convolution kernels (conv_forward.cu, conv_weight_gradient.cu): element and
+// accumulator types, the register-tile product, the tensor-core (wmma) fragment helpers, the choice of
+// tensor cores and tile shapes, and the typed launchers that conv_dispatch.cu calls after its dtype
+// switch. Every helper sums in a fixed order, so the kernels built on them are bitwise reproducible.
+#pragma once
+
+#include "backend/backend.h"
+#include "cuda/cuda_common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sparsegrid::detail::cuda {
+
+constexpr int kConvThreads = 256;
+
+/// The accumulator of an element type: float for float, float16 and bfloat16; double for double.
+template <typename T>
+struct AccumulatorOf {
+    using type = float;
+};
+template <>
+struct AccumulatorOf<double> {
+    using type = double;
+};
+
+/// Element to accumulator and back (round to nearest for float16 / bfloat16).
+template <typename A, typename T>
+__device__ __forceinline__ A to_acc(T v) {
+    return static_cast<A>(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<float, __half>(__half v) {
+    return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_acc<float, __nv_bfloat16>(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ T from_acc(A v) {
+    return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ __half from_acc<__half, float>(float v) {
+    return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16, float>(float v) {
+    return __float2bfloat16_rn(v);
+}
+
+/// acc[i][j] += sum over kk of a_tile[kk][row_i] * b_tile[kk][column_j]: one thread's register tile of
+/// a shared-memory tile product, summed in kk order. The thread's rows are row + i for TM <= 4, and for
+/// TM = 8 two runs of four, row + i and row + kRowStride + i (columns alike), so that the 16-byte shared
+/// loads of a quarter warp fall on distinct banks.
+template <int TM, int kStride>
+__device__ __forceinline__ int tile_offset(int i) {
+    return TM <= 4 ? i : (i / 4) * kStride + i % 4;
+}
+
+template <typename A, int BK, int LDA, int LDB, int TM, int TN, int kRowStride = 0, int kColumnStride = 0>
+__device__ __forceinline__ void multiply_tiles(const A (&a_tile)[BK][LDA], const A (&b_tile)[BK][LDB], int row,
+                                               int column, A (&acc)[TM][TN]) {
+#pragma unroll
+    for (int kk = 0; kk < BK; ++kk) {
+        A a[TM];
+        A b[TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) a[i] = a_tile[kk][row + tile_offset<TM, kRowStride>(i)];
+#pragma unroll
+        for (int j = 0; j < TN; ++j) b[j] = b_tile[kk][column + tile_offset<TN, kColumnStride>(j)];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) acc[i][j] += a[i] * b[j];
+    }
+}
+
+// Tensor-core helpers, for the kernels below that run on compute capability 8.0 and later: float16 and
+// bfloat16 fragments of 16 x 16 x 16, and for float (TF32) 16 x 16 x 8 whose inputs are rounded to TF32
+// (10-bit mantissa) as they are loaded; float32 accumulators throughout.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+template <typename T>
+struct WarpShape {
+    static constexpr int K = 16;
+    using Element = T;
+};
+template <>
+struct WarpShape<float> {
+    static constexpr int K = 8;
+    using Element = nvcuda::wmma::precision::tf32;
+};
+template <typename T>
+using WarpAccumulator = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, WarpShape<T>::K, float>;
+
+template <typename Fragment>
+__device__ __forceinline__ void round_to_tf32(Fragment& fragment) {
+#pragma unroll
+    for (int e = 0; e < fragment.num_elements; ++e) fragment.x[e] = nvcuda::wmma::__float_to_tf32(fragment.x[e]);
+}
+
+/// One warp's 32 x 32 quarter of a tensor-core tile product over WarpShape<T>::K values of k:
+/// acc[i][j] += A_i B_j with A_i the 16 x K block at a + i * a_step (layout LayoutA, leading dimension
+/// lda) and B_j the K x 16 block at b + 16 j (row-major, leading dimension ldb).
+template <typename T, typename LayoutA>
+__device__ __forceinline__ void warp_multiply(WarpAccumulator<T> (&acc)[2][2], const T* a, int a_step, int lda,
+                                              const T* b, int ldb) {
+    using namespace nvcuda;
+    constexpr int K = WarpShape<T>::K;
+    using Element = typename WarpShape<T>::Element;
+    wmma::fragment<wmma::matrix_a, 16, 16, K, Element, LayoutA> a_block[2];
+    wmma::fragment<wmma::matrix_b, 16, 16, K, Element, wmma::row_major> b_block[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        wmma::load_matrix_sync(a_block[i], a + i * a_step, lda);
+        if constexpr (std::is_same_v<T, float>) round_to_tf32(a_block[i]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        wmma::load_matrix_sync(b_block[j], b + 16 * j, ldb);
+        if constexpr (std::is_same_v<T, float>) round_to_tf32(b_block[j]);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], a_block[i], b_block[j], acc[i][j]);
+}
+
+/// Zeroes a warp's 32 x 32 accumulators.
+template <typename T>
+__device__ __forceinline__ void warp_fill(WarpAccumulator<T> (&acc)[2][2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+
+/// Writes a warp's 32 x 32 accumulators row-major into c (leading dimension ldc).
+template <typename T>
+__device__ __forceinline__ void warp_store(WarpAccumulator<T> (&acc)[2][2], float* c, int ldc) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+            nvcuda::wmma::store_matrix_sync(c + 16 * i * ldc + 16 * j, acc[i][j], ldc, nvcuda::wmma::mem_row_major);
+}
+#endif
+
+/// Whether the context's device has float16 / bfloat16 / TF32 tensor cores usable by wmma (compute
+/// capability 8.0+).
+inline bool tensor_cores_available(const Context& ctx) {
+    int major = 0;
+    SPARSEGRID_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device.index));
+    return major >= 8;
+}
+
+/// Whether an execution in T runs on tensor cores: float16 / bfloat16 wherever they are available,
+/// float only when the context allows TF32.
+template <typename T>
+bool use_tensor_cores(const Context& ctx) {
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) return tensor_cores_available(ctx);
+    if constexpr (std::is_same_v<T, float>) return ctx.allow_tf32 && tensor_cores_available(ctx);
+    return false;
+}
+
+/// Types with a tensor-core kernel.
+template <typename T>
+constexpr bool kHasTensorKernel = std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16> ||
+    std::is_same_v<T, float>;
+
+/// Whether convolutions take the wide tile shapes: float over more than 64 output channels in 64 x 128
+/// tiles of 8 x 8 outputs per thread (k steps of 16), float k steps of 32 channels or edges elsewhere
+/// where there are 32 or more (16 otherwise), float16 / bfloat16 tensor-core k steps of 64 channels
+/// where there are 64 or more (32 otherwise, and in TF32). Yes, unless SPARSEGRID_CONV_TILES is "4x4",
+/// which keeps 64 x 64 tiles of 4 x 4 per thread and the short k steps (for measurements; results are
+/// bitwise equal, the sums keep their order). On an H200 the 8 x 8 tiles took k3s1 at C = 128 from 2.73
+/// to 2.47 ms, and were slower at C = 64 (0.85 against 0.76 ms with 128 x 64 tiles), so 33 to 64 output
+/// channels keep 64 x 64. Read once (conv_dispatch.cu).
+bool wide_register_tiles();
+
+// ---- typed launchers (defined for float, double, __half and __nv_bfloat16) --------------------------
+
+/// map_convolution in T: packs the weights, picks the kernel and its tiles, launches it on ctx's stream.
+/// The dispatch has checked the sizes against the CUDA limits. No sync.
+template <typename T>
+void map_convolution_typed(const MapConvolution& args, const Context& ctx);
+
+/// map_weight_gradient in T: per-chunk partial sums, then their sum in chunk order. The dispatch has
+/// checked the sizes against the CUDA limits. No sync.
+template <typename T>
+void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx);
+
+}  // namespace sparsegrid::detail::cuda
