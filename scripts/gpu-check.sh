@@ -95,9 +95,12 @@ if want python; then
   fi
 fi
 if want memcheck; then
-  step memcheck timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-    --print-limit 20 "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}" \
-    --gtest_brief=1
+  # memcheck, racecheck (shared-memory hazards) and synccheck (barrier misuse) over the CUDA cases.
+  for tool in memcheck racecheck synccheck; do
+    step "$tool" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 1 \
+      --print-limit 20 "$build/tests/sparsegrid_tests" --gtest_filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}" \
+      --gtest_brief=1
+  done
 fi
 
 if want bench; then
