@@ -87,7 +87,8 @@ def _device(device):
 
 def _members(values, device, dtype, op, name):
     """Per-member [N_m, 3] tensors of `dtype` on one device: `device` when given, else the device of the
-    tensors among `values` (all on one device), else the CPU."""
+    tensors among `values` (all on one device), else the CPU. For dtype torch.int32 the values must be
+    integers (see _int32)."""
     tensors = [torch.as_tensor(v) for v in values]
     device = _device(device)
     if device is None:
@@ -96,7 +97,32 @@ def _members(values, device, dtype, op, name):
             raise ValueError(f"{op}: the {name} tensors are on several devices ({', '.join(sorted(map(str, found)))}); "
                              f"move them to one or pass device=")
         device = found.pop() if found else torch.device("cpu")
+    if dtype == torch.int32:
+        tensors = _int32(tensors, op, name)
     return [t.reshape(-1, 3).to(device=device, dtype=dtype) for t in tensors], device
+
+
+# Integer dtypes whose every value fits int32; int64 is accepted within the int32 range.
+_SMALL_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32)
+
+
+def _int32(tensors, op, name):
+    """The tensors, checked to hold integers that fit int32: floats, bools and complex numbers raise
+    TypeError (no silent truncation), int64 values outside the int32 range raise ValueError (no silent
+    wrap). Checking int64 values reads their range back: a host synchronisation for CUDA tensors, which
+    int32 inputs avoid."""
+    for t in tensors:
+        # An empty list becomes an empty float tensor: nothing to truncate.
+        if t.numel() > 0 and t.dtype not in _SMALL_INTEGERS and t.dtype != torch.int64:
+            raise TypeError(f"{op}: {name} must hold integers (int32, or int64 within the int32 range), got {t.dtype}")
+    wide = [t.reshape(-1) for t in tensors if t.dtype == torch.int64 and t.numel() > 0]
+    if wide:
+        values = torch.cat([t.to(wide[0].device) for t in wide])
+        lo, hi = int(values.min()), int(values.max())
+        if lo < -2**31 or hi > 2**31 - 1:
+            raise ValueError(f"{op}: {name} values must lie in the int32 range [-2^31, 2^31 - 1], got "
+                             f"{lo if lo < -2**31 else hi}")
+    return tensors
 
 
 def _offsets(members):
@@ -119,8 +145,9 @@ class GridBatch:
 
     @staticmethod
     def from_ijk(ijk, voxel_sizes=None, origins=None, device=None):
-        """From one int tensor [N_m, 3] per member (any order, duplicates removed). The grid lives on
-        `device`, by default on the device of the given tensors (CPU for Python lists)."""
+        """From one integer tensor [N_m, 3] per member (any order, duplicates removed; int32, or int64
+        within the int32 range; floats raise TypeError). The grid lives on `device`, by default on the
+        device of the given tensors (CPU for Python lists)."""
         if isinstance(ijk, torch.Tensor):
             ijk = [ijk]
         if not ijk:
@@ -249,7 +276,8 @@ class GridBatch:
             ijk = [ijk]
         if len(ijk) != self.batch_size:
             raise ValueError(f"ijk_to_index: expected {self.batch_size} query lists, got {len(ijk)}")
-        members = [_on_device(m, self.device).reshape(-1, 3).to(torch.int32) for m in ijk]
+        members = [t.reshape(-1, 3).to(torch.int32)
+                   for t in _int32([_on_device(m, self.device) for m in ijk], "ijk_to_index", "ijk")]
         return self._handle.ijk_to_index(torch.cat(members).contiguous(), _offsets(members))
 
     def bbox(self):

@@ -133,6 +133,8 @@ class Prune(nn.Module):
     def forward(self, x, mask):
         if not isinstance(mask, torch.Tensor):
             mask = torch.as_tensor(mask, device=x.grid.device)
+        if mask.dtype not in (torch.bool, torch.uint8):
+            raise TypeError(f"Prune: mask must be bool or uint8, got {mask.dtype}")
         mask = mask.reshape(-1).to(torch.bool)
         if mask.numel() != x.grid.num_voxels:
             raise ValueError(f"Prune: mask must have {x.grid.num_voxels} entries, got {mask.numel()}")

@@ -34,8 +34,11 @@ std::vector<sparsegrid::MemberTransform> transforms_of(const torch::Tensor& voxe
     return out;
 }
 
-/// One byte per voxel, nonzero = selected, whatever the input dtype; on the grid's device.
+/// One byte per voxel, nonzero = selected, on the grid's device: bool or uint8 only (a float mask would be
+/// thresholded silently).
 torch::Tensor mask_bytes(const torch::Tensor& mask, const sparsegrid::GridBatch& grid, const char* op) {
+    if (mask.scalar_type() != torch::kBool && mask.scalar_type() != torch::kUInt8)
+        fail(op, ": mask must be bool or uint8, got ", c10::toString(mask.scalar_type()));
     if (mask.dim() != 1) fail(op, ": mask must have 1 dimension, got ", mask.dim());
     check_device(mask, grid.device(), op, "mask");
     return mask.to(torch::kUInt8).contiguous();

@@ -202,7 +202,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(RuntimeError, match="stride"):
         grid.conv_grid(3, 0)
     with pytest.raises(RuntimeError, match="mask"):
-        grid.pruned_grid(torch.ones(grid.num_voxels + 2))
+        grid.pruned_grid(torch.ones(grid.num_voxels + 2, dtype=torch.bool))
 
 
 def test_from_points_uses_the_voxel_containing_each_point():
