@@ -5,6 +5,7 @@
 #include "bench.h"
 
 #include <sparsegrid/io.h>
+#include <sparsegrid/mesh_io.h>
 #include <sparsegrid/shapes.h>
 #include <sparsegrid/types.h>
 #include <sparsegrid/version.h>
@@ -38,6 +39,7 @@ void print_usage(std::ostream& out) {
            "  conv       time convolution plans and executions (k3s1, generative k2s2) on a batch\n"
            "  info       per-member voxel counts and bounding boxes of a voxel batch file\n"
            "  generate   write a synthetic batch of surface voxels to a voxel batch file\n"
+           "  mesh       load triangle mesh files (load_mesh) and report their sizes or the error\n"
            "  help       print this message\n"
            "  --version  print the library version\n"
            "\n"
@@ -63,6 +65,9 @@ void print_usage(std::ostream& out) {
            "\n"
            "sparsegrid info FILE\n"
            "sparsegrid generate --output FILE [--batch B] [--resolution R] [--seed S]\n"
+           "\n"
+           "sparsegrid mesh FILE...\n"
+           "  exit status 1 when a file cannot be loaded (each error is printed)\n"
            "\n"
            "Voxel batch files: line 1 the member count B, line 2 the B+1 member offsets, then one\n"
            "\"i j k\" line per voxel, member-major (see data/README.md).\n";
@@ -290,6 +295,30 @@ int run_generate(const std::vector<std::string>& args) {
     return kExitSuccess;
 }
 
+/// Loads each file with load_mesh and prints its vertex and triangle counts; exit status 1 when a file
+/// raised (its error printed). scripts/mesh-fuzz.sh runs this on every file of a corpus in a child
+/// process of its own.
+int run_mesh(const std::vector<std::string>& args) {
+    OptionReader reader("mesh", args);
+    std::vector<std::string> paths;
+    while (const auto arg = reader.next()) {
+        if (arg->rfind("-", 0) == 0) reader.unknown(*arg);
+        paths.push_back(*arg);
+    }
+    if (paths.empty()) reader.fail("needs mesh files: sparsegrid mesh FILE...");
+    int status = kExitSuccess;
+    for (const std::string& path : paths) {
+        try {
+            const sparsegrid::TriangleMesh mesh = sparsegrid::load_mesh(path);
+            std::cout << path << ": " << mesh.vertices.size() << " vertices, " << mesh.faces.size() << " triangles\n";
+        } catch (const sparsegrid::Error& error) {
+            std::cout << path << ": error: " << error.what() << '\n';
+            status = kExitFailure;
+        }
+    }
+    return status;
+}
+
 bool is_help_flag(const std::string& arg) { return arg == "--help" || arg == "-h"; }
 
 int run_command(const std::vector<std::string>& args) {
@@ -309,7 +338,8 @@ int run_command(const std::vector<std::string>& args) {
                   << sparsegrid::cuda_device_count() << " devices)\n";
         return kExitSuccess;
     }
-    const bool is_command = command == "bench" || command == "conv" || command == "info" || command == "generate";
+    const bool is_command = command == "bench" || command == "conv" || command == "info" || command == "generate" ||
+        command == "mesh";
     if (is_command && std::any_of(rest.begin(), rest.end(), is_help_flag)) {
         print_usage(std::cout);
         return kExitSuccess;
@@ -318,6 +348,7 @@ int run_command(const std::vector<std::string>& args) {
     if (command == "conv") return run_conv_bench(parse_bench_options(command, rest), std::cout);
     if (command == "info") return run_info(rest);
     if (command == "generate") return run_generate(rest);
+    if (command == "mesh") return run_mesh(rest);
     throw UsageError("unknown command '" + command + "'");
 }
 

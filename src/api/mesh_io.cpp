@@ -2,6 +2,7 @@
 
 #include "core/errors.h"
 
+#include <cmath>
 #include <filesystem>
 
 #if defined(SPARSEGRID_WITH_ASSIMP)
@@ -43,11 +44,20 @@ TriangleMesh load_mesh(const std::string& path) {
         const size_t base = mesh.vertices.size();
         if (base + part->mNumVertices > static_cast<size_t>(INT32_MAX))
             throw_error(op, ": '", path, "' has more than 2^31 - 1 vertices");
-        for (unsigned v = 0; v < part->mNumVertices; ++v)
-            mesh.vertices.push_back({part->mVertices[v].x, part->mVertices[v].y, part->mVertices[v].z});
+        for (unsigned v = 0; v < part->mNumVertices; ++v) {
+            const aiVector3D& p = part->mVertices[v];
+            if (!(std::isfinite(p.x) && std::isfinite(p.y) && std::isfinite(p.z)))
+                throw_error(op, ": '", path, "': vertex ", v, " of mesh ", m, " is not finite (", p.x, ", ", p.y, ", ",
+                            p.z, ")");
+            mesh.vertices.push_back({p.x, p.y, p.z});
+        }
         for (unsigned f = 0; f < part->mNumFaces; ++f) {
             const aiFace& face = part->mFaces[f];
             if (face.mNumIndices != 3) continue;
+            for (unsigned corner = 0; corner < 3; ++corner)
+                if (face.mIndices[corner] >= part->mNumVertices)
+                    throw_error(op, ": '", path, "': face ", f, " of mesh ", m, " refers to vertex ",
+                                face.mIndices[corner], " of ", part->mNumVertices);
             mesh.faces.push_back({static_cast<int32_t>(base + face.mIndices[0]),
                                   static_cast<int32_t>(base + face.mIndices[1]),
                                   static_cast<int32_t>(base + face.mIndices[2])});

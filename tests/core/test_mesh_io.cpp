@@ -38,6 +38,15 @@ TEST_F(MeshFiles, ObjTetrahedronAndTriangulatedQuad) {
     EXPECT_EQ(quad.faces.size(), 2u);
 }
 
+TEST_F(MeshFiles, NonFiniteVerticesAreRefusedNamingTheFile) {
+    for (const char* value : {"nan", "inf", "-inf"}) {
+        const std::string path = write(std::string("nonfinite_") + value + ".obj",
+                                       std::string("v ") + value + " 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n");
+        EXPECT_TRUE(throws_error([&] { sparsegrid::load_mesh(path); }, "load_mesh", {"is not finite"})) << value;
+        EXPECT_TRUE(throws_error([&] { sparsegrid::load_mesh(path); }, path, {"vertex 0"})) << value;
+    }
+}
+
 TEST_F(MeshFiles, AsciiStlAndOff) {
     const TriangleMesh stl = sparsegrid::load_mesh(
         write("triangle.stl",
