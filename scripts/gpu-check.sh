@@ -6,8 +6,9 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv train vae baseline (default: all but baseline, in that
-#   order; baseline compares with another tree, see below). The
+#   PHASE: build test python memcheck bench conv engine train vae baseline (default: all but engine and
+#   baseline, in that order; engine sweeps the tensor-core configurations, baseline compares with
+#   another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
 #   to date, so "conv train" on a warm build folder goes straight to the benchmarks.
 # Writes into OUT_DIR two files: gpu-check.log (every step's output and a PASS/FAIL summary) and
@@ -156,6 +157,17 @@ if want conv; then
       --device cuda --repeats 20 --warmup 5 --dtype float32 --tf32 --input '$root/data/reference_batch_r64.txt' \
       --json '$out/conv_torch_tf32.json' | tee '$out/conv_torch_tf32.md'"
   fi
+fi
+if want engine; then
+  # The tensor-core engine: forward and input gradient on every tile configuration against the tiled
+  # kernels ("off") and the automatic choice, with each configuration's results compared bitwise.
+  for dtype in float16 bfloat16 tf32; do
+    flags="--dtype $dtype"
+    [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
+    step "engine $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --configs $flags \
+      --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
+      --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_$dtype.md'"
+  done
 fi
 if want train && [ $have_layer = 1 ]; then
   step "train step" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' --device cuda \

@@ -34,6 +34,8 @@ struct BenchOptions {
     bool as_one_member = false;                  ///< merge all members side by side into one member
     std::vector<int64_t> channels{32, 64, 128};  ///< conv: channel counts (in = out)
     std::string dtype = "float32";               ///< conv: float32, float64, float16 or bfloat16
+    bool tf32 = false;                           ///< conv: float32 on tensor cores (TF32)
+    bool engine_sweep = false;                   ///< conv: every engine configuration against "off"
 };
 
 /// The batch the options describe (synthetic, or the first members of the input file), and a

@@ -91,6 +91,74 @@ std::string fixed(double value, int digits) {
     return text;
 }
 
+/// The bytes of a device buffer.
+std::vector<uint8_t> bytes_of(const Buffer<uint8_t>& buffer, const Context& context) {
+    return buffer.to_host(context.stream);
+}
+
+/// Forward and input gradient on "off" (the tiled kernels), every engine configuration and "auto",
+/// with each configuration's results compared bitwise with the first configuration's.
+int engine_sweep(const BenchOptions& options, const Context& context, const GridBatch& grid,
+                 const std::vector<Layer>& layers, DType dtype, std::ostream& out) {
+    struct Restore {
+        ~Restore() { sparsegrid::set_convolution_engine_configuration("auto"); }
+    } restore;
+    std::vector<std::string> configurations{"off"};
+    for (const std::string& name : sparsegrid::convolution_engine_configurations()) configurations.push_back(name);
+    configurations.push_back("auto");
+    out << "| layer | C | configuration | forward ms | input grad ms | forward TFLOP/s | forward / off | "
+           "input grad / off | bitwise as "
+        << configurations[1] << " |\n"
+        << "|---|---:|---|---:|---:|---:|---:|---:|---|\n";
+    std::mt19937_64 rng(options.seed);
+    int status = 0;
+    for (const Layer& layer : layers) {
+        const ConvolutionPlan plan = layer.make(grid);
+        plan.prepare();
+        const int64_t edges = plan.target_map().num_edges();
+        const int64_t rows = plan.target_grid().num_voxels(), sources = plan.source_grid().num_voxels();
+        for (const int64_t c : options.channels) {
+            const int64_t volume = plan.kernel_volume();
+            const int64_t size = sparsegrid::dtype_size(dtype);
+            const Buffer<uint8_t> x = random_values(sources * c, dtype, context, rng);
+            const Buffer<uint8_t> w = random_values(c * c * volume, dtype, context, rng);
+            const Buffer<uint8_t> g = random_values(rows * c, dtype, context, rng);
+            const Buffer<uint8_t> y = Buffer<uint8_t>::allocate(rows * c * size, context);
+            const Buffer<uint8_t> gx = Buffer<uint8_t>::allocate(sources * c * size, context);
+            double off_forward = 0.0, off_input = 0.0;
+            std::vector<uint8_t> first_y, first_gx;
+            for (const std::string& configuration : configurations) {
+                sparsegrid::set_convolution_engine_configuration(configuration);
+                const double forward = median_ms(context, options.warmup, options.repeats, [&] {
+                    plan.forward(x.data(), w.data(), y.data(), c, c, dtype, context);
+                });
+                const double input_grad = median_ms(context, options.warmup, options.repeats, [&] {
+                    plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype, context);
+                });
+                std::string same = "";
+                if (configuration == "off") {
+                    off_forward = forward;
+                    off_input = input_grad;
+                } else if (first_y.empty()) {
+                    first_y = bytes_of(y, context);
+                    first_gx = bytes_of(gx, context);
+                    same = "yes";
+                } else {
+                    const bool equal = bytes_of(y, context) == first_y && bytes_of(gx, context) == first_gx;
+                    same = equal ? "yes" : "NO";
+                    if (!equal) status = 1;
+                }
+                const double flops = 2.0 * static_cast<double>(edges) * static_cast<double>(c * c);
+                out << "| " << layer.name << " | " << c << " | " << configuration << " | " << fixed(forward, 3) << " | "
+                    << fixed(input_grad, 3) << " | " << fixed(flops / forward / 1e9, 1) << " | "
+                    << fixed(forward / off_forward, 2) << " | " << fixed(input_grad / off_input, 2) << " | " << same
+                    << " |\n";
+            }
+        }
+    }
+    return status;
+}
+
 }  // namespace
 
 int run_conv_bench(const BenchOptions& options, std::ostream& out) {
@@ -102,6 +170,10 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
     const DType dtype = parse_dtype(options.dtype);
     if (context.device.is_cpu() && (dtype == DType::Float16 || dtype == DType::BFloat16))
         throw UsageError("conv: --dtype " + options.dtype + " runs on CUDA only; use --device cuda");
+    if (options.tf32 && (context.device.is_cpu() || dtype != DType::Float32))
+        throw UsageError("conv: --tf32 needs --dtype float32 and --device cuda");
+    if (options.engine_sweep && context.device.is_cpu()) throw UsageError("conv: --configs needs --device cuda");
+    context.allow_tf32 = options.tf32;
     const GridBatch grid = GridBatch::from_ijk(members, {}, context);
     const std::vector<Layer> layers{
         {"k3s1 submanifold",
@@ -114,9 +186,10 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
          }},
     };
     out << "batch:    " << description << ", " << grid.num_voxels() << " voxels\n"
-        << "device:   " << context.device.str() << ", " << options.dtype << "\n"
+        << "device:   " << context.device.str() << ", " << options.dtype << (options.tf32 ? " (TF32)" : "") << "\n"
         << "timing:   median of " << options.repeats << " runs after " << options.warmup
         << " warm-up runs; plan = maps + execution order\n\n";
+    if (options.engine_sweep) return engine_sweep(options, context, grid, layers, dtype, out);
     out << "| layer | C | target rows | edges | plan ms | forward ms | input grad ms | weight grad ms | "
            "fwd+bwd ms | forward TFLOP/s | fwd+bwd TFLOP/s |\n"
         << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -140,12 +213,12 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
             const Buffer<uint8_t> gw = Buffer<uint8_t>::allocate(c * c * volume * sparsegrid::dtype_size(dtype),
                                                                  context);
             const double forward = median_ms(context, options.warmup, options.repeats,
-                                             [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype); });
+                                             [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype, context); });
             const double input_grad = median_ms(context, options.warmup, options.repeats, [&] {
-                plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype);
+                plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype, context);
             });
             const double weight_grad = median_ms(context, options.warmup, options.repeats, [&] {
-                plan.backward_weight(x.data(), g.data(), gw.data(), c, c, dtype);
+                plan.backward_weight(x.data(), g.data(), gw.data(), c, c, dtype, context);
             });
             const double flops = 2.0 * static_cast<double>(edges) * static_cast<double>(c * c);
             const double total = forward + input_grad + weight_grad;

@@ -62,6 +62,9 @@ void print_usage(std::ostream& out) {
            "  the batch, --repeats, --warmup, --device and --threads options of bench, and\n"
            "  --channels C,...   channel counts, in = out (default 32,64,128)\n"
            "  --dtype T          float32 (default), float64, float16 or bfloat16 (16-bit: CUDA only)\n"
+           "  --tf32             float32 on tensor cores (TF32, CUDA)\n"
+           "  --configs          forward and input gradient on every configuration of the tensor-core\n"
+           "                     engine, against the tiled kernels (\"off\") and the automatic choice\n"
            "\n"
            "sparsegrid info FILE\n"
            "sparsegrid generate --output FILE [--batch B] [--resolution R] [--seed S]\n"
@@ -202,6 +205,12 @@ BenchOptions parse_bench_options(const std::string& command, const std::vector<s
             }
         } else if (command == "conv" && *option == "--dtype") {
             options.dtype = reader.value();
+        } else if (command == "conv" && *option == "--tf32") {
+            reader.expect_no_value();
+            options.tf32 = true;
+        } else if (command == "conv" && *option == "--configs") {
+            reader.expect_no_value();
+            options.engine_sweep = true;
         } else if (*option == "--no-check") {
             reader.expect_no_value();
             options.check = false;

@@ -21,6 +21,8 @@
 #include <sparsegrid/types.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 namespace sparsegrid {
 
@@ -103,5 +105,17 @@ private:
     std::shared_ptr<detail::PlanMaps> m_maps;  ///< null for the identity plan
     bool m_flipped = false;                    ///< target rows are the shared maps' second slot
 };
+
+/// The tile configurations of the CUDA tensor-core convolution engine, which runs the forward pass and
+/// the input gradient in float16, bfloat16 and float with TF32 (empty in a build without CUDA). Every
+/// configuration sums each output in the same order (tap, then channel): results are bitwise equal
+/// whichever configuration runs, so the choice only changes speed.
+std::vector<std::string> convolution_engine_configurations();
+
+/// For measurements and tests: every following CUDA tensor-core execution of the process runs on the
+/// named configuration; "auto" (the default) restores the automatic choice, "off" runs the tiled
+/// kernels the engine replaced. The environment variable SPARSEGRID_CONV_CONFIG takes the same values
+/// and applies while the process has set none here. Raises for any other name, listing the valid ones.
+void set_convolution_engine_configuration(const std::string& name);
 
 }  // namespace sparsegrid

@@ -298,4 +298,27 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
     on_backend(op, ctx.device, [&](auto backend) { backend.map_weight_gradient(args, ctx); });
 }
 
+namespace {
+
+/// The device whose backend owns the tensor-core engine: CUDA where the build has it.
+Device engine_device() {
+#if defined(SPARSEGRID_WITH_CUDA)
+    return Device::cuda(0);
+#else
+    return Device::cpu();
+#endif
+}
+
+}  // namespace
+
+std::vector<std::string> convolution_engine_configurations() {
+    return detail::on_backend("convolution_engine_configurations", engine_device(),
+                              [](auto backend) { return backend.engine_configurations(); });
+}
+
+void set_convolution_engine_configuration(const std::string& name) {
+    detail::on_backend("set_convolution_engine_configuration", engine_device(),
+                       [&](auto backend) { backend.force_engine_configuration(name); });
+}
+
 }  // namespace sparsegrid

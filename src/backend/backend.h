@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace sparsegrid::detail {
@@ -134,7 +135,12 @@ struct MapWeightGradient {
     /* 1 < volume <= 64, rows < 2^31. */                                                                           \
     X(Buffer<int32_t>, row_order, const int32_t* map, int64_t rows, int32_t volume, const Context& ctx)            \
     X(void, map_convolution, const MapConvolution& args, const Context& ctx)                                       \
-    X(void, map_weight_gradient, const MapWeightGradient& args, const Context& ctx)
+    X(void, map_weight_gradient, const MapWeightGradient& args, const Context& ctx)                               \
+    /* The tile configurations of the tensor-core convolution engine (CPU: none); all sum alike. */               \
+    X(std::vector<std::string>, engine_configurations, void)                                                       \
+    /* Forces the engine onto a configuration for the process: a name from the list, "auto" (the */              \
+    /* automatic choice) or "off" (the tiled kernels instead of the engine). */                                    \
+    X(void, force_engine_configuration, const std::string& name)
 
 // clang-format on
 

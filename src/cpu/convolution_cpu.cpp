@@ -229,4 +229,11 @@ void CpuBackend::map_weight_gradient(const MapWeightGradient& args, const Contex
                                   args.in_channels, args.out_channels);
 }
 
+std::vector<std::string> CpuBackend::engine_configurations() { return {}; }
+
+void CpuBackend::force_engine_configuration(const std::string& name) {
+    if (!name.empty() && name != "auto" && name != "off")
+        throw_error("configuration must be auto or off (the CPU has no tensor-core engine), got '", name, "'");
+}
+
 }  // namespace sparsegrid::detail

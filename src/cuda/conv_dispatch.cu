@@ -114,4 +114,8 @@ void CudaBackend::map_weight_gradient(const MapWeightGradient& args, const Conte
     }
 }
 
+std::vector<std::string> CudaBackend::engine_configurations() { return cuda::engine_configurations(); }
+
+void CudaBackend::force_engine_configuration(const std::string& name) { cuda::force_engine_configuration(name); }
+
 }  // namespace sparsegrid::detail

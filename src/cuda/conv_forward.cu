@@ -368,6 +368,7 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
     const int64_t out_channels = transpose_weight ? x_channels : y_channels;
     if constexpr (kHasTensorKernel<T>) {
         if (use_tensor_cores<T>(ctx)) {
+            if (engine_convolution<T>(args, ctx)) return;
             // Tensor cores: weights packed in T, float32 accumulators.
             Buffer<T> packed = Buffer<T>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
             pack_weight_kernel<T, T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(

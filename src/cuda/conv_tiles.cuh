@@ -12,7 +12,9 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 namespace sparsegrid::detail::cuda {
 
@@ -195,5 +197,23 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx);
 /// checked the sizes against the CUDA limits. No sync.
 template <typename T>
 void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx);
+
+// ---- the tensor-core engine (conv_implicit_gemm.cu) ------------------------------------------------
+
+/// map_convolution in T (float16, bfloat16, or float in TF32) on the implicit-GEMM engine, when it takes
+/// the execution: returns false, having launched nothing, for executions it does not cover (scatter,
+/// more than 64 taps, rows of x not a multiple of 16 bytes, an odd output width, unaligned pointers) or
+/// when the engine is off (force_engine_configuration("off") or SPARSEGRID_CONV_CONFIG=off). The caller
+/// has checked that tensor cores are to be used.
+template <typename T>
+bool engine_convolution(const MapConvolution& args, const Context& ctx);
+
+/// The engine's tile configurations by name; every one gives bitwise the same result.
+std::vector<std::string> engine_configurations();
+
+/// Forces the engine onto one configuration in this process ("" or "auto": the automatic choice, which
+/// SPARSEGRID_CONV_CONFIG overrides; "off": the kernels of conv_forward.cu). Raises for an unknown name,
+/// listing the valid ones.
+void force_engine_configuration(const std::string& name);
 
 }  // namespace sparsegrid::detail::cuda

@@ -13,6 +13,9 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <random>
+#include <string>
 
 namespace sparsegrid_test {
 namespace {
@@ -346,6 +349,112 @@ TEST_F(ConvolutionCuda, Tf32AgreesWithFloat32) {
             EXPECT_EQ(tf32.gx, again.gx);
             EXPECT_EQ(tf32.gw, again.gw);
         }
+}
+
+/// Values encoded in a 16-bit float format and back (float16 or bfloat16, round to nearest even).
+std::vector<uint16_t> encode16(const std::vector<double>& values, bool half) {
+    std::vector<uint16_t> out;
+    out.reserve(values.size());
+    for (double d : values) out.push_back(half ? half_bits(static_cast<float>(d)) : bfloat_bits(static_cast<float>(d)));
+    return out;
+}
+
+std::vector<double> decode16(const std::vector<uint16_t>& bits, bool half) {
+    std::vector<double> out;
+    out.reserve(bits.size());
+    for (uint16_t b : bits) out.push_back(half ? from_half_bits(b) : from_bfloat_bits(b));
+    return out;
+}
+
+/// The engine's configurations back on the automatic choice when a test ends, whatever happened.
+struct AutomaticEngineConfiguration {
+    ~AutomaticEngineConfiguration() { sparsegrid::set_convolution_engine_configuration("auto"); }
+};
+
+TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
+    // Every tile configuration of the tensor-core engine, in float16, bfloat16 and TF32, on plans whose
+    // gathers it runs (k3s1, k3s2, the input gradient of a generative k2s2, a given target with per-axis
+    // sizes) and channel counts that cover partial k chunks and partial or several channel tiles.
+    // With multiples of 1/8 every product and sum is exact in float32: each result must equal the
+    // float32 one rounded once to the dtype. With random values each configuration must give bitwise the
+    // result of the first (they sum in one order), near the float32 one.
+    const std::vector<std::string> configurations = sparsegrid::convolution_engine_configurations();
+    ASSERT_GE(configurations.size(), 2u);
+    const AutomaticEngineConfiguration restore;
+    const auto members = random_batch(123, 5);
+    const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
+    const std::vector<ConvolutionPlan> plans{ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1}),
+                                             ConvolutionPlan::make(grid, {3, 3, 3}, {2, 2, 2}),
+                                             ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2}),
+                                             ConvolutionPlan::make(grid, grid, {3, 2, 1}, {1, 1, 1})};
+    const std::vector<std::pair<int64_t, int64_t>> channels{{32, 32}, {64, 64}, {24, 136}, {136, 40}, {8, 264}};
+    Rng rng(123);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    auto random_values = [&](int64_t count) {
+        std::vector<double> v(static_cast<size_t>(count));
+        for (double& value : v) value = uniform(rng);
+        return v;
+    };
+    for (const ConvolutionPlan& plan : plans)
+        for (const auto& [cin, cout] : channels) {
+            const int64_t volume = plan.kernel_volume();
+            const int64_t sources = plan.source_grid().num_voxels(), targets = plan.target_grid().num_voxels();
+            const std::vector<double> x = random_eighths(rng, sources * cin),
+                                      w = random_eighths(rng, cout * cin * volume),
+                                      g = random_eighths(rng, targets * cout);
+            const std::vector<double> rx = random_values(sources * cin), rw = random_values(cout * cin * volume),
+                                      rg = random_values(targets * cout);
+            sparsegrid::set_convolution_engine_configuration("off");
+            const Results<float> exact = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
+                                                 DType::Float32);
+            const Results<float> reference = execute(plan, cast<float>(rx), cast<float>(rw), cast<float>(rg), cin, cout,
+                                                     DType::Float32);
+            std::map<int, Results<uint16_t>> first16;
+            Results<float> first_tf32;
+            for (const std::string& configuration : configurations) {
+                SCOPED_TRACE(::testing::Message() << "configuration " << configuration << ", volume " << volume
+                                                  << ", cin " << cin << ", cout " << cout);
+                sparsegrid::set_convolution_engine_configuration(configuration);
+                const Results<float> tf32 = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
+                                                    DType::Float32, true);
+                EXPECT_EQ(tf32.y, exact.y);
+                EXPECT_EQ(tf32.gx, exact.gx);
+                const Results<float> random_tf32 = execute(plan, cast<float>(rx), cast<float>(rw), cast<float>(rg), cin,
+                                                           cout, DType::Float32, true);
+                EXPECT_TRUE(close(widen(random_tf32.y), widen(reference.y), 2e-3, "forward tf32"));
+                EXPECT_TRUE(close(widen(random_tf32.gx), widen(reference.gx), 2e-3, "backward_input tf32"));
+                if (configuration == configurations.front()) first_tf32 = random_tf32;
+                EXPECT_EQ(random_tf32.y, first_tf32.y) << "TF32 forward differs from " << configurations.front();
+                EXPECT_EQ(random_tf32.gx, first_tf32.gx)
+                    << "TF32 input gradient differs from " << configurations.front();
+                for (const bool half : {true, false}) {
+                    const DType dtype = half ? DType::Float16 : DType::BFloat16;
+                    const char* name = half ? "float16" : "bfloat16";
+                    const Results<uint16_t> low = execute(plan, encode16(x, half), encode16(w, half), encode16(g, half),
+                                                          cin, cout, dtype);
+                    EXPECT_EQ(low.y, encode16(widen(exact.y), half)) << name << " forward";
+                    EXPECT_EQ(low.gx, encode16(widen(exact.gx), half)) << name << " input gradient";
+                    const Results<uint16_t> random_low = execute(plan, encode16(rx, half), encode16(rw, half),
+                                                                 encode16(rg, half), cin, cout, dtype);
+                    const double tolerance = half ? 1e-2 : 5e-2;
+                    EXPECT_TRUE(close(decode16(random_low.y, half), widen(reference.y), tolerance, name));
+                    EXPECT_TRUE(close(decode16(random_low.gx, half), widen(reference.gx), tolerance, name));
+                    auto [slot, inserted] = first16.try_emplace(half ? 1 : 0, random_low);
+                    EXPECT_EQ(random_low.y, slot->second.y)
+                        << name << " forward differs from " << configurations.front();
+                    EXPECT_EQ(random_low.gx, slot->second.gx)
+                        << name << " input gradient differs from " << configurations.front();
+                }
+            }
+        }
+}
+
+TEST_F(ConvolutionCuda, EngineConfigurationNamesAreChecked) {
+    const AutomaticEngineConfiguration restore;
+    EXPECT_TRUE(throws_error([] { sparsegrid::set_convolution_engine_configuration("64x64"); },
+                             "set_convolution_engine_configuration", {"auto", "off", "64x64"}));
+    EXPECT_NO_THROW(sparsegrid::set_convolution_engine_configuration("off"));
+    EXPECT_NO_THROW(sparsegrid::set_convolution_engine_configuration("auto"));
 }
 
 TEST_F(ConvolutionCuda, ContextOnAnotherDeviceRaises) {

@@ -1,0 +1,408 @@
+// The tensor-core convolution engine: forward and input gradient over a neighbour map as one implicit
+// GEMM per block, for float16, bfloat16 and float in TF32 (float32 accumulators).
+//
+// A block owns BM output rows (taken in the map's row order, so that its rows share their taps) and BN
+// output channels. It first loads its rows' map entries into shared memory and lists the taps at which
+// any of its rows has an edge; its k loop then runs over (listed tap, channel chunk of `row bytes`)
+// steps. Each step's operands -- the gathered input rows x[map[r][t], chunk] and the tap's packed weights
+// W[t][n][chunk] -- arrive through a pipeline of `stages` shared-memory buffers filled by cp.async
+// (absent sources are zero-filled by the copy itself), and are multiplied by ldmatrix + mma.sync. Every
+// output element is summed by one thread in the order (tap, channel), 16 (TF32: 8) channels per mma:
+// the same order in every tile configuration, so every configuration gives bitwise the same result, run
+// after run. Taps that no row of a block has contribute nothing and are skipped.
+//
+// Taken for maps of at most 64 taps, when x has a multiple of 16 bytes per row (8 float16 / bfloat16
+// channels, 4 float), the output an even channel count, and both start 16-byte aligned; the kernels of
+// conv_forward.cu take the rest (odd channel counts, scatter mode, larger kernels).
+#include "backend/backend.h"
+#include "core/env.h"
+#include "core/errors.h"
+#include "cuda/conv_mma.cuh"
+#include "cuda/conv_tiles.cuh"
+#include "cuda/cuda_common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace sparsegrid::detail::cuda {
+
+namespace {
+
+constexpr int kMaxEngineTaps = 64;
+
+/// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
+/// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
+struct EngineConfig {
+    int bm, bn, row_bytes, wm, wn, stages;
+    std::string name() const {
+        return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(row_bytes) + "B/" +
+            std::to_string(stages);
+    }
+    /// Dynamic shared memory: the stages, then the source table of `volume` taps.
+    size_t shared_bytes(int32_t volume) const {
+        return static_cast<size_t>(stages) * static_cast<size_t>(bm + bn) * static_cast<size_t>(row_bytes + 16) +
+            static_cast<size_t>(volume) * static_cast<size_t>(bm + 1) * sizeof(int32_t);
+    }
+};
+
+// X(BM, BN, row bytes, WM, WN, stages): every configuration the engine can run; each is compiled for
+// every type and tested against the float64 reference (test_convolution_cuda.cpp).
+#define SPARSEGRID_CONV_ENGINE_CONFIGS(X) \
+    X(128, 32, 128, 32, 32, 4)            \
+    X(64, 64, 128, 32, 32, 4)             \
+    X(128, 64, 128, 32, 32, 3)            \
+    X(128, 64, 64, 32, 32, 4)             \
+    X(256, 64, 64, 64, 32, 3)             \
+    X(64, 128, 128, 32, 64, 3)            \
+    X(128, 128, 64, 64, 32, 4)            \
+    X(128, 128, 128, 64, 32, 3)
+
+constexpr EngineConfig kEngineConfigs[] = {
+#define SPARSEGRID_CONFIG_ENTRY(BM, BN, RB, WM, WN, S) EngineConfig{BM, BN, RB, WM, WN, S},
+    SPARSEGRID_CONV_ENGINE_CONFIGS(SPARSEGRID_CONFIG_ENTRY)
+#undef SPARSEGRID_CONFIG_ENTRY
+};
+constexpr int kEngineConfigCount = static_cast<int>(sizeof(kEngineConfigs) / sizeof(kEngineConfigs[0]));
+
+/// packed[(t * y_channels + yi) * x_channels + xi] from weight[(co * in_channels + ci) * volume + t] with
+/// (xi, yi) = (ci, co), or (co, ci) when `transpose`: per tap, one row of x channels per output channel,
+/// the column-major B operand of the mma.
+template <typename T>
+__global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __restrict__ packed, int32_t volume,
+                                          int64_t in_channels, int64_t out_channels, bool transpose) {
+    const int64_t total = int64_t{volume} * in_channels * out_channels;
+    const int64_t x_channels = transpose ? out_channels : in_channels;
+    const int64_t y_channels = transpose ? in_channels : out_channels;
+    // n runs over packed positions, so the writes are coalesced and the reads gather (weights are small).
+    SG_GRID_STRIDE_LOOP(n, total) {
+        const int64_t xi = n % x_channels;
+        const int64_t rest = n / x_channels;
+        const int64_t yi = rest % y_channels;
+        const int64_t t = rest / y_channels;
+        const int64_t ci = transpose ? yi : xi;
+        const int64_t co = transpose ? xi : yi;
+        packed[n] = weight[(co * in_channels + ci) * volume + t];
+    }
+}
+
+template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
+__global__ __launch_bounds__((BM / WM) * (BN / WN) *
+                             32) void implicit_gemm_kernel(const int32_t* __restrict__ map,
+                                                           const int32_t* __restrict__ order, int64_t rows,
+                                                           int32_t volume, const T* __restrict__ x,
+                                                           const T* __restrict__ packed, T* __restrict__ out,
+                                                           int32_t x_channels, int32_t y_channels) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // never launched there: the engine needs compute capability 8.0
+#else
+    using Op = mma::Mma<T>;
+    constexpr int kThreadCount = (BM / WM) * (BN / WN) * 32;
+    constexpr int kWarpsN = BN / WN;
+    constexpr int kPitch = kRowBytes + 16;    // 16 bytes of padding: ldmatrix rows fall on distinct banks
+    constexpr int kVectors = kRowBytes / 16;  // 16-byte copies per tile row
+    constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
+    constexpr int kChunk = kRowBytes / static_cast<int>(sizeof(T));  // channels per k step
+    constexpr int kStageBytes = (BM + BN) * kPitch;
+    constexpr int MI = WM / 16;  // mma tiles per warp along rows (16 each) and channels (8 each)
+    constexpr int NI = WN / 8;
+    static_assert(kRowBytes % 32 == 0 && NI % 2 == 0 && WM % 16 == 0, "whole mma tiles");
+    static_assert((BM * kVectors) % kThreadCount == 0 && (BN * kVectors) % kThreadCount == 0, "even copies");
+
+    extern __shared__ __align__(128) unsigned char shared[];
+    int32_t* table = reinterpret_cast<int32_t*>(shared + kStages * kStageBytes);  // [tap][BM + 1]: sources
+    __shared__ int64_t row_of[BM];
+    __shared__ int32_t active[kMaxEngineTaps];
+    __shared__ unsigned long long tap_mask;
+
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int warp_m = (warp / kWarpsN) * WM;
+    const int warp_n = (warp % kWarpsN) * WN;
+    const int64_t row0 = int64_t{blockIdx.x} * BM;
+    const int n0 = static_cast<int>(blockIdx.y) * BN;
+
+    // The block's rows, their sources at every tap, and the taps any of them has.
+    if (tid == 0) tap_mask = 0;
+    for (int i = tid; i < BM; i += kThreadCount) {
+        const int64_t p = row0 + i;
+        row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
+    }
+    __syncthreads();
+    unsigned long long mine = 0;
+    for (int idx = tid; idx < BM * volume; idx += kThreadCount) {
+        const int m = idx / volume;
+        const int t = idx % volume;
+        const int64_t r = row_of[m];
+        int32_t s = -1;
+        if (r >= 0) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
+        table[t * (BM + 1) + m] = s;
+        if (s >= 0) mine |= 1ull << t;
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) mine |= __shfl_xor_sync(0xffffffffu, mine, offset);
+    if (lane == 0 && mine != 0) atomicOr(&tap_mask, mine);
+    __syncthreads();
+    const unsigned long long taps = tap_mask;
+    if (tid < volume && ((taps >> tid) & 1ull)) active[__popcll(taps & ((1ull << tid) - 1ull))] = tid;
+    __syncthreads();
+    const int chunks = (x_channels + kChunk - 1) / kChunk;
+    const int steps = __popcll(taps) * chunks;
+
+    // Issues the copies of k step `step` into stage `stage` (nothing past the last step; the caller
+    // commits a group either way, so that group counting stays uniform).
+    auto load_step = [&](int step, int stage) {
+        if (step >= steps) return;
+        const int t = active[step / chunks];
+        const int k0 = (step % chunks) * kChunk;
+        unsigned char* a_stage = shared + stage * kStageBytes;
+        unsigned char* b_stage = a_stage + BM * kPitch;
+        const int32_t* sources = table + t * (BM + 1);
+#pragma unroll
+        for (int c = 0; c < BM * kVectors / kThreadCount; ++c) {
+            const int idx = tid + c * kThreadCount;
+            const int m = idx / kVectors;
+            const int v = idx % kVectors;
+            const int32_t s = sources[m];
+            const int k = k0 + v * kElementsPerVector;
+            const bool valid = s >= 0 && k < x_channels;
+            const T* from = valid ? x + int64_t{s} * x_channels + k : x;
+            mma::copy16(mma::shared_address(a_stage + m * kPitch + v * 16), from, valid);
+        }
+        const T* w = packed + (int64_t{t} * y_channels + n0) * x_channels;
+#pragma unroll
+        for (int c = 0; c < BN * kVectors / kThreadCount; ++c) {
+            const int idx = tid + c * kThreadCount;
+            const int n = idx / kVectors;
+            const int v = idx % kVectors;
+            const int k = k0 + v * kElementsPerVector;
+            const bool valid = n0 + n < y_channels && k < x_channels;
+            const T* from = valid ? w + int64_t{n} * x_channels + k : packed;
+            mma::copy16(mma::shared_address(b_stage + n * kPitch + v * 16), from, valid);
+        }
+    };
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        load_step(s, s);
+        mma::commit_copies();
+    }
+    // ldmatrix addresses: A rows warp_m + 16 i + lane % 16, bytes 16 (lane / 16); B rows (output channels)
+    // warp_n + 16 j + lane % 8 + 8 (lane / 16), bytes 16 ((lane / 8) % 2).
+    const uint32_t a_lane = static_cast<uint32_t>((warp_m + lane % 16) * kPitch + (lane / 16) * 16);
+    const uint32_t b_lane = static_cast<uint32_t>(BM * kPitch + (warp_n + lane % 8 + 8 * (lane / 16)) * kPitch +
+                                                  ((lane / 8) % 2) * 16);
+    const uint32_t base = mma::shared_address(shared);
+    for (int step = 0; step < steps; ++step) {
+        mma::wait_copies<kStages - 2>();
+        __syncthreads();  // step's stage is complete for every thread; the stage of step - 1 is free
+        load_step(step + kStages - 1, (step + kStages - 1) % kStages);
+        mma::commit_copies();
+        const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
+#pragma unroll
+        for (int kk = 0; kk < kRowBytes / 32; ++kk) {
+            uint32_t a[MI][4];
+            uint32_t b[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                mma::load_matrices(a[i], stage + a_lane + static_cast<uint32_t>(16 * i * kPitch + kk * 32));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) Op::prepare(a[i][e]);
+            }
+#pragma unroll
+            for (int j = 0; j < NI / 2; ++j) {
+                uint32_t r[4];
+                mma::load_matrices(r, stage + b_lane + static_cast<uint32_t>(16 * j * kPitch + kk * 32));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) Op::prepare(r[e]);
+                b[2 * j][0] = r[0];
+                b[2 * j][1] = r[1];
+                b[2 * j + 1][0] = r[2];
+                b[2 * j + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; ++i)
+#pragma unroll
+                for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
+        }
+    }
+    mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
+
+    // Accumulator (i, j, 2h + e) is row warp_m + 16 i + lane / 4 + 8 h, channel warp_n + 8 j + 2 (lane % 4) + e.
+#pragma unroll
+    for (int i = 0; i < MI; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t r = row_of[warp_m + 16 * i + lane / 4 + 8 * h];
+            if (r < 0) continue;
+            T* row_out = out + r * y_channels + n0;
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int n = warp_n + 8 * j + 2 * (lane % 4);
+                if (n0 + n < y_channels) mma::store_pair(row_out + n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            }
+        }
+    }
+#endif
+}
+
+using EngineKernel = void (*)(const int32_t*, const int32_t*, int64_t, int32_t, const void*, const void*, void*,
+                              int32_t, int32_t, size_t, cudaStream_t);
+
+/// Launches configuration (BM, BN, ...) in T, raising the kernel's dynamic shared-memory limit first on
+/// each device it runs on.
+template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
+void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
+                   const void* packed, void* out, int32_t x_channels, int32_t y_channels, size_t shared_bytes,
+                   cudaStream_t stream) {
+    auto* kernel = implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages>;
+    static std::atomic<uint64_t> raised{0};  // bit d: the limit was raised on device d
+    int device = 0;
+    SPARSEGRID_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit == 0 || !(raised.load(std::memory_order_acquire) & bit)) {
+        const EngineConfig config{BM, BN, kRowBytes, WM, WN, kStages};
+        SPARSEGRID_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(config.shared_bytes(kMaxEngineTaps))));
+        raised.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
+    kernel<<<grid, (BM / WM) * (BN / WN) * 32, shared_bytes, stream>>>(
+        map, order, rows, volume, static_cast<const T*>(x), static_cast<const T*>(packed), static_cast<T*>(out),
+        x_channels, y_channels);
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+}
+
+template <typename T>
+constexpr std::array<EngineKernel, kEngineConfigCount> engine_launchers() {
+    return {
+#define SPARSEGRID_LAUNCHER_ENTRY(BM, BN, RB, WM, WN, S) &launch_engine<T, BM, BN, RB, WM, WN, S>,
+        SPARSEGRID_CONV_ENGINE_CONFIGS(SPARSEGRID_LAUNCHER_ENTRY)
+#undef SPARSEGRID_LAUNCHER_ENTRY
+    };
+}
+
+/// -1: the automatic choice, -2: the engine is off; otherwise the index of the forced configuration.
+constexpr int kAutomatic = -1;
+constexpr int kOff = -2;
+std::atomic<int> g_forced_config{kAutomatic};
+
+/// SPARSEGRID_CONV_CONFIG, read once: a configuration's name forces it (for measurements), "off" turns
+/// the engine off, "" or "auto" leaves the choice automatic; anything else is an error naming the valid
+/// values.
+int config_from_environment() {
+    static const int index = [] {
+        const std::string name = env_string("SPARSEGRID_CONV_CONFIG");
+        if (name.empty() || name == "auto") return kAutomatic;
+        if (name == "off") return kOff;
+        for (int i = 0; i < kEngineConfigCount; ++i)
+            if (kEngineConfigs[i].name() == name) return i;
+        std::string valid;
+        for (const EngineConfig& config : kEngineConfigs) valid += " " + config.name();
+        throw_error("SPARSEGRID_CONV_CONFIG must be auto, off or one of", valid, ", got '", name, "'");
+    }();
+    return index;
+}
+
+int config_index(int bm, int bn, int row_bytes, int stages) {
+    for (int i = 0; i < kEngineConfigCount; ++i) {
+        const EngineConfig& c = kEngineConfigs[i];
+        if (c.bm == bm && c.bn == bn && c.row_bytes == row_bytes && c.stages == stages) return i;
+    }
+    return 0;  // unreachable for the names below (they are in the list)
+}
+
+/// The automatic choice by output width and input row bytes. Measured on an H200 over the batch-16
+/// reference k3s1 and k2s2 maps, in = out = C (forward / input gradient, ms): 128 x 64 tiles lead up to
+/// 64 output channels, with 64-byte k chunks for rows of 64 bytes (float16 C = 32: 0.081 against 0.134
+/// with 128-byte chunks, half of them zeros) and 128-byte chunks from 128 (TF32 C = 64: 0.263 against
+/// 0.275); 128 x 128 tiles with 64-byte chunks above 64 (float16 C = 128: 0.355, next best 0.383; TF32
+/// 0.755). 128 x 32 tiles (4 warps) never led, even at 32 output channels.
+int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes) {
+    const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
+    if (y_channels <= 64) return row_bytes >= 128 ? config_index(128, 64, 128, 3) : config_index(128, 64, 64, 4);
+    return config_index(128, 128, 64, 4);
+}
+
+}  // namespace
+
+std::vector<std::string> engine_configurations() {
+    std::vector<std::string> names;
+    for (const EngineConfig& config : kEngineConfigs) names.push_back(config.name());
+    return names;
+}
+
+void force_engine_configuration(const std::string& name) {
+    if (name.empty() || name == "auto" || name == "off") {
+        g_forced_config.store(name == "off" ? kOff : kAutomatic);
+        return;
+    }
+    for (int i = 0; i < kEngineConfigCount; ++i)
+        if (kEngineConfigs[i].name() == name) {
+            g_forced_config.store(i);
+            return;
+        }
+    std::string valid;
+    for (const EngineConfig& config : kEngineConfigs) valid += " " + config.name();
+    throw_error("configuration must be auto, off or one of", valid, ", got '", name, "'");
+}
+
+namespace {
+
+template <typename T>
+Buffer<T> pack_engine_weight(const MapConvolution& args, const Context& ctx) {
+    const int64_t in_channels = args.transpose_weight ? args.out_channels : args.x_channels;
+    const int64_t out_channels = args.transpose_weight ? args.x_channels : args.out_channels;
+    Buffer<T> packed = Buffer<T>::allocate(int64_t{args.volume} * args.x_channels * args.out_channels, ctx);
+    const cudaStream_t stream = stream_of(ctx);
+    pack_engine_weight_kernel<T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
+        static_cast<const T*>(args.weight), packed.data(), args.volume, in_channels, out_channels,
+        args.transpose_weight);
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    return packed;
+}
+
+}  // namespace
+
+template <typename T>
+bool engine_convolution(const MapConvolution& args, const Context& ctx) {
+    const int64_t x_channels = args.x_channels;
+    const int64_t y_channels = args.out_channels;
+    constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
+    int index = g_forced_config.load(std::memory_order_relaxed);  // set through the API
+    if (index == kAutomatic) index = config_from_environment();
+    if (index == kOff || args.scatter || args.volume > kMaxEngineTaps || (args.map == nullptr && args.volume != 1))
+        return false;
+    if (x_channels % kElementsPerVector != 0 || y_channels % 2 != 0) return false;
+    if (reinterpret_cast<uintptr_t>(args.x) % 16 != 0 || reinterpret_cast<uintptr_t>(args.out) % (2 * sizeof(T)) != 0)
+        return false;
+    const Buffer<T> packed = pack_engine_weight<T>(args, ctx);
+    if (reinterpret_cast<uintptr_t>(packed.data()) % 16 != 0) return false;  // an allocator's odd alignment
+    if (index == kAutomatic) index = automatic_config(x_channels, y_channels, sizeof(T));
+    static constexpr std::array<EngineKernel, kEngineConfigCount> launchers = engine_launchers<T>();
+    launchers[static_cast<size_t>(index)](args.map, args.order, args.rows, args.volume, args.x, packed.data(), args.out,
+                                          static_cast<int32_t>(x_channels), static_cast<int32_t>(y_channels),
+                                          kEngineConfigs[index].shared_bytes(args.volume), stream_of(ctx));
+    return true;
+}
+
+template bool engine_convolution<float>(const MapConvolution&, const Context&);
+template bool engine_convolution<__half>(const MapConvolution&, const Context&);
+template bool engine_convolution<__nv_bfloat16>(const MapConvolution&, const Context&);
+
+}  // namespace sparsegrid::detail::cuda

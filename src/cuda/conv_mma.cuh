@@ -1,0 +1,105 @@
+// Warp-level tensor-core primitives of the implicit-GEMM convolution engine (conv_implicit_gemm.cu):
+// asynchronous 16-byte copies from global into shared memory (cp.async, zero-filled where the source is
+// absent), ldmatrix, and mma.sync of 16 x 8 x 16 (float16, bfloat16) and 16 x 8 x 8 (TF32) with float32
+// accumulators. Compute capability 8.0 and later; the callers never launch below that.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sparsegrid::detail::cuda::mma {
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+
+__device__ __forceinline__ uint32_t shared_address(const void* pointer) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(pointer));
+}
+
+/// 16 bytes from global `source` to shared `destination`, or 16 zero bytes (nothing read) when !valid.
+__device__ __forceinline__ void copy16(uint32_t destination, const void* source, bool valid) {
+    const int bytes = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+/// Waits until at most `kPending` committed groups of this thread's copies are still in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+/// Four 8 x 8 matrices of 16-bit elements (8 rows of 16 bytes each) from shared memory: lane l gives
+/// the address of row l % 8 of matrix l / 8 and receives, in r[i], its fragment of matrix i.
+__device__ __forceinline__ void load_matrices(uint32_t (&r)[4], uint32_t address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+
+/// The tensor-core product of an element type: K, the depth of one mma (32 bytes of a row in every
+/// type), and d += a b for a 16 x K row-major fragment a and a K x 8 column-major fragment b.
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__half> {
+    static constexpr int K = 16;
+    __device__ __forceinline__ static void prepare(uint32_t&) {}
+    __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <>
+struct Mma<__nv_bfloat16> {
+    static constexpr int K = 16;
+    __device__ __forceinline__ static void prepare(uint32_t&) {}
+    __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/// float in TF32: operands rounded to nearest (ties away, as cvt.rna) to 10 mantissa bits as they leave
+/// shared memory, the same rounding the earlier wmma kernels applied.
+template <>
+struct Mma<float> {
+    static constexpr int K = 8;
+    __device__ __forceinline__ static void prepare(uint32_t& bits) {
+        uint32_t rounded;
+        asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(rounded) : "f"(__uint_as_float(bits)));
+        bits = rounded;
+    }
+    __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+        asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/// Two adjacent output elements (an accumulator pair of one row) rounded to T and stored at once;
+/// `out` is aligned to two elements.
+__device__ __forceinline__ void store_pair(__half* out, float a, float b) {
+    *reinterpret_cast<__half2*>(out) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16* out, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(float* out, float a, float b) {
+    *reinterpret_cast<float2*>(out) = make_float2(a, b);
+}
+
+#endif
+
+}  // namespace sparsegrid::detail::cuda::mma
