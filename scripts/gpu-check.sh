@@ -167,6 +167,10 @@ if want engine; then
     step "engine $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --configs $flags \
       --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
       --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_$dtype.md'"
+    # The fine side of K = S plans gathered (on the engine) instead of scattered (tiled kernels).
+    step "engine $dtype, no scatter" bash -c "SPARSEGRID_CONV_SCATTER=0 '$build/tools/sparsegrid' conv --device cuda \
+      $flags --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
+      --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_${dtype}_gather.md'"
   done
 fi
 if want train && [ $have_layer = 1 ]; then

@@ -96,8 +96,9 @@ std::vector<uint8_t> bytes_of(const Buffer<uint8_t>& buffer, const Context& cont
     return buffer.to_host(context.stream);
 }
 
-/// Forward and input gradient on "off" (the tiled kernels), every engine configuration and "auto",
-/// with each configuration's results compared bitwise with the first configuration's.
+/// Forward, input gradient and weight gradient on "off" (the tiled kernels), every engine configuration
+/// (a forward one leaves the weight gradient on its automatic choice, and the reverse) and "auto", with
+/// each configuration's results compared bitwise with the first configuration's.
 int engine_sweep(const BenchOptions& options, const Context& context, const GridBatch& grid,
                  const std::vector<Layer>& layers, DType dtype, std::ostream& out) {
     struct Restore {
@@ -106,10 +107,10 @@ int engine_sweep(const BenchOptions& options, const Context& context, const Grid
     std::vector<std::string> configurations{"off"};
     for (const std::string& name : sparsegrid::convolution_engine_configurations()) configurations.push_back(name);
     configurations.push_back("auto");
-    out << "| layer | C | configuration | forward ms | input grad ms | forward TFLOP/s | forward / off | "
-           "input grad / off | bitwise as "
+    out << "| layer | C | configuration | forward ms | input grad ms | weight grad ms | forward TFLOP/s | "
+           "forward / off | input grad / off | weight grad / off | bitwise as "
         << configurations[1] << " |\n"
-        << "|---|---:|---|---:|---:|---:|---:|---:|---|\n";
+        << "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
     std::mt19937_64 rng(options.seed);
     int status = 0;
     for (const Layer& layer : layers) {
@@ -125,34 +126,36 @@ int engine_sweep(const BenchOptions& options, const Context& context, const Grid
             const Buffer<uint8_t> g = random_values(rows * c, dtype, context, rng);
             const Buffer<uint8_t> y = Buffer<uint8_t>::allocate(rows * c * size, context);
             const Buffer<uint8_t> gx = Buffer<uint8_t>::allocate(sources * c * size, context);
-            double off_forward = 0.0, off_input = 0.0;
-            std::vector<uint8_t> first_y, first_gx;
+            const Buffer<uint8_t> gw = Buffer<uint8_t>::allocate(c * c * volume * size, context);
+            double off[3] = {0.0, 0.0, 0.0};
+            std::vector<uint8_t> first[3];
             for (const std::string& configuration : configurations) {
                 sparsegrid::set_convolution_engine_configuration(configuration);
-                const double forward = median_ms(context, options.warmup, options.repeats, [&] {
-                    plan.forward(x.data(), w.data(), y.data(), c, c, dtype, context);
-                });
-                const double input_grad = median_ms(context, options.warmup, options.repeats, [&] {
-                    plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype, context);
-                });
-                std::string same = "";
+                const double ms[3] = {
+                    median_ms(context, options.warmup, options.repeats,
+                              [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype, context); }),
+                    median_ms(context, options.warmup, options.repeats,
+                              [&] { plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype, context); }),
+                    median_ms(context, options.warmup, options.repeats,
+                              [&] { plan.backward_weight(x.data(), g.data(), gw.data(), c, c, dtype, context); })};
+                const std::vector<uint8_t> results[3] = {bytes_of(y, context), bytes_of(gx, context),
+                                                         bytes_of(gw, context)};
+                std::string same;
                 if (configuration == "off") {
-                    off_forward = forward;
-                    off_input = input_grad;
-                } else if (first_y.empty()) {
-                    first_y = bytes_of(y, context);
-                    first_gx = bytes_of(gx, context);
+                    std::copy(ms, ms + 3, off);
+                } else if (first[0].empty()) {
+                    for (int i = 0; i < 3; ++i) first[i] = results[i];
                     same = "yes";
                 } else {
-                    const bool equal = bytes_of(y, context) == first_y && bytes_of(gx, context) == first_gx;
+                    const bool equal = results[0] == first[0] && results[1] == first[1] && results[2] == first[2];
                     same = equal ? "yes" : "NO";
                     if (!equal) status = 1;
                 }
                 const double flops = 2.0 * static_cast<double>(edges) * static_cast<double>(c * c);
-                out << "| " << layer.name << " | " << c << " | " << configuration << " | " << fixed(forward, 3) << " | "
-                    << fixed(input_grad, 3) << " | " << fixed(flops / forward / 1e9, 1) << " | "
-                    << fixed(forward / off_forward, 2) << " | " << fixed(input_grad / off_input, 2) << " | " << same
-                    << " |\n";
+                out << "| " << layer.name << " | " << c << " | " << configuration << " | " << fixed(ms[0], 3) << " | "
+                    << fixed(ms[1], 3) << " | " << fixed(ms[2], 3) << " | " << fixed(flops / ms[0] / 1e9, 1) << " | "
+                    << fixed(ms[0] / off[0], 2) << " | " << fixed(ms[1] / off[1], 2) << " | "
+                    << fixed(ms[2] / off[2], 2) << " | " << same << " |\n";
             }
         }
     }

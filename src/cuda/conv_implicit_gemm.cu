@@ -297,26 +297,21 @@ constexpr std::array<EngineKernel, kEngineConfigCount> engine_launchers() {
     };
 }
 
-/// -1: the automatic choice, -2: the engine is off; otherwise the index of the forced configuration.
-constexpr int kAutomatic = -1;
-constexpr int kOff = -2;
-std::atomic<int> g_forced_config{kAutomatic};
+/// kEngineAutomatic, kEngineOff, or the index of the forced configuration in engine_configurations().
+std::atomic<int> g_forced_config{kEngineAutomatic};
 
-/// SPARSEGRID_CONV_CONFIG, read once: a configuration's name forces it (for measurements), "off" turns
-/// the engine off, "" or "auto" leaves the choice automatic; anything else is an error naming the valid
-/// values.
-int config_from_environment() {
-    static const int index = [] {
-        const std::string name = env_string("SPARSEGRID_CONV_CONFIG");
-        if (name.empty() || name == "auto") return kAutomatic;
-        if (name == "off") return kOff;
-        for (int i = 0; i < kEngineConfigCount; ++i)
-            if (kEngineConfigs[i].name() == name) return i;
-        std::string valid;
-        for (const EngineConfig& config : kEngineConfigs) valid += " " + config.name();
-        throw_error("SPARSEGRID_CONV_CONFIG must be auto, off or one of", valid, ", got '", name, "'");
-    }();
-    return index;
+/// The index of `name` in engine_configurations(), kEngineAutomatic for "" and "auto", kEngineOff for
+/// "off"; raises for anything else, listing the valid names (`what` names the setting).
+int configuration_index(const std::string& name, const char* what) {
+    if (name.empty() || name == "auto") return kEngineAutomatic;
+    if (name == "off") return kEngineOff;
+    const std::vector<std::string> names = engine_configurations();
+    std::string valid;
+    for (size_t i = 0; i < names.size(); ++i) {
+        if (names[i] == name) return static_cast<int>(i);
+        valid += " " + names[i];
+    }
+    throw_error(what, " must be auto, off or one of", valid, ", got '", name, "'");
 }
 
 int config_index(int bm, int bn, int row_bytes, int stages) {
@@ -344,22 +339,23 @@ int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_byte
 std::vector<std::string> engine_configurations() {
     std::vector<std::string> names;
     for (const EngineConfig& config : kEngineConfigs) names.push_back(config.name());
+    for (const std::string& name : weight_engine_configurations()) names.push_back(name);
     return names;
 }
 
+int forward_engine_configuration_count() { return kEngineConfigCount; }
+
 void force_engine_configuration(const std::string& name) {
-    if (name.empty() || name == "auto" || name == "off") {
-        g_forced_config.store(name == "off" ? kOff : kAutomatic);
-        return;
-    }
-    for (int i = 0; i < kEngineConfigCount; ++i)
-        if (kEngineConfigs[i].name() == name) {
-            g_forced_config.store(i);
-            return;
-        }
-    std::string valid;
-    for (const EngineConfig& config : kEngineConfigs) valid += " " + config.name();
-    throw_error("configuration must be auto, off or one of", valid, ", got '", name, "'");
+    g_forced_config.store(configuration_index(name, "configuration"));
+}
+
+int forced_engine_configuration() {
+    const int forced = g_forced_config.load(std::memory_order_relaxed);
+    if (forced != kEngineAutomatic) return forced;
+    // SPARSEGRID_CONV_CONFIG, read once (where the API has forced nothing).
+    static const int from_environment = configuration_index(env_string("SPARSEGRID_CONV_CONFIG"),
+                                                            "SPARSEGRID_CONV_CONFIG");
+    return from_environment;
 }
 
 namespace {
@@ -384,16 +380,17 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     const int64_t x_channels = args.x_channels;
     const int64_t y_channels = args.out_channels;
     constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
-    int index = g_forced_config.load(std::memory_order_relaxed);  // set through the API
-    if (index == kAutomatic) index = config_from_environment();
-    if (index == kOff || args.scatter || args.volume > kMaxEngineTaps || (args.map == nullptr && args.volume != 1))
+    int index = forced_engine_configuration();
+    if (index >= kEngineConfigCount) index = kEngineAutomatic;  // a weight-gradient configuration
+    if (index == kEngineOff || args.scatter || args.volume > kMaxEngineTaps ||
+        (args.map == nullptr && args.volume != 1))
         return false;
     if (x_channels % kElementsPerVector != 0 || y_channels % 2 != 0) return false;
     if (reinterpret_cast<uintptr_t>(args.x) % 16 != 0 || reinterpret_cast<uintptr_t>(args.out) % (2 * sizeof(T)) != 0)
         return false;
     const Buffer<T> packed = pack_engine_weight<T>(args, ctx);
     if (reinterpret_cast<uintptr_t>(packed.data()) % 16 != 0) return false;  // an allocator's odd alignment
-    if (index == kAutomatic) index = automatic_config(x_channels, y_channels, sizeof(T));
+    if (index == kEngineAutomatic) index = automatic_config(x_channels, y_channels, sizeof(T));
     static constexpr std::array<EngineKernel, kEngineConfigCount> launchers = engine_launchers<T>();
     launchers[static_cast<size_t>(index)](args.map, args.order, args.rows, args.volume, args.x, packed.data(), args.out,
                                           static_cast<int32_t>(x_channels), static_cast<int32_t>(y_channels),

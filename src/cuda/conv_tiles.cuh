@@ -186,6 +186,26 @@ constexpr bool kHasTensorKernel = std::is_same_v<T, __half> || std::is_same_v<T,
 /// channels keep 64 x 64. Read once (conv_dispatch.cu).
 bool wide_register_tiles();
 
+/// grad_weight[(co * in_channels + ci) * volume + t] = sum over chunks, in order, of partial[chunk][t][ci][co],
+/// or of partial[chunk][t][co][ci] when `swapped`.
+template <typename T, typename A>
+__global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t chunks, int32_t volume,
+                                          int64_t in_channels, int64_t out_channels, bool swapped,
+                                          T* __restrict__ grad_weight) {
+    const int64_t total = int64_t{volume} * in_channels * out_channels;
+    SG_GRID_STRIDE_LOOP(n, total) {
+        const int64_t t = n % volume;
+        const int64_t rest = n / volume;
+        const int64_t ci = rest % in_channels;
+        const int64_t co = rest / in_channels;
+        const int64_t entry = swapped ? co * in_channels + ci : ci * out_channels + co;
+        const int64_t slot = int64_t{volume} * in_channels * out_channels;
+        A sum = A(0);
+        for (int64_t c = 0; c < chunks; ++c) sum += partial[c * slot + t * in_channels * out_channels + entry];
+        grad_weight[n] = from_acc<T>(sum);
+    }
+}
+
 // ---- typed launchers (defined for float, double, __half and __nv_bfloat16) --------------------------
 
 /// map_convolution in T: packs the weights, picks the kernel and its tiles, launches it on ctx's stream.
@@ -208,8 +228,26 @@ void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx
 template <typename T>
 bool engine_convolution(const MapConvolution& args, const Context& ctx);
 
-/// The engine's tile configurations by name; every one gives bitwise the same result.
+/// The engine's weight gradient (conv_weight_engine.cu) in T: per tap, a split-K GEMM over the edges,
+/// pipelined like the forward pass, into per-slot partial sums added in slot order. Returns false,
+/// having launched nothing, for executions it does not cover (channel rows not a multiple of 16 bytes,
+/// unaligned pointers, more than 2^31 rows) or when the engine is off.
+template <typename T>
+bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx);
+
+/// The engine's tile configurations by name, forward (and input gradient) ones first, then the weight
+/// gradient's; every configuration gives bitwise the same result.
 std::vector<std::string> engine_configurations();
+/// The weight gradient's configurations (conv_weight_engine.cu), the tail of engine_configurations().
+std::vector<std::string> weight_engine_configurations();
+/// How many of engine_configurations() are forward ones.
+int forward_engine_configuration_count();
+
+constexpr int kEngineAutomatic = -1;
+constexpr int kEngineOff = -2;
+/// The configuration forced through force_engine_configuration or else SPARSEGRID_CONV_CONFIG: an
+/// index into engine_configurations(), kEngineAutomatic or kEngineOff.
+int forced_engine_configuration();
 
 /// Forces the engine onto one configuration in this process ("" or "auto": the automatic choice, which
 /// SPARSEGRID_CONV_CONFIG overrides; "off": the kernels of conv_forward.cu). Raises for an unknown name,

@@ -203,26 +203,6 @@ __global__ __launch_bounds__(128) void weight_grad_tensor_kernel(const int32_t* 
 #endif
 }
 
-/// grad_weight[(co * in_channels + ci) * volume + t] = sum over chunks, in order, of partial[chunk][t][ci][co],
-/// or of partial[chunk][t][co][ci] when `swapped`.
-template <typename T, typename A>
-__global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t chunks, int32_t volume,
-                                          int64_t in_channels, int64_t out_channels, bool swapped,
-                                          T* __restrict__ grad_weight) {
-    const int64_t total = int64_t{volume} * in_channels * out_channels;
-    SG_GRID_STRIDE_LOOP(n, total) {
-        const int64_t t = n % volume;
-        const int64_t rest = n / volume;
-        const int64_t ci = rest % in_channels;
-        const int64_t co = rest / in_channels;
-        const int64_t entry = swapped ? co * in_channels + ci : ci * out_channels + co;
-        const int64_t slot = int64_t{volume} * in_channels * out_channels;
-        A sum = A(0);
-        for (int64_t c = 0; c < chunks; ++c) sum += partial[c * slot + t * in_channels * out_channels + entry];
-        grad_weight[n] = from_acc<T>(sum);
-    }
-}
-
 /// Chunks of rows for the weight gradient: enough blocks to fill a large GPU, at least 1024 rows per
 /// chunk, and at most 256 MiB of partial sums. Depends only on the problem's shape.
 int64_t weight_grad_chunks(int64_t rows, int32_t volume, int64_t tiles, int64_t slot_bytes) {
@@ -252,6 +232,9 @@ void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx
     const int64_t out_channels = args.out_channels;
     const cudaStream_t stream = stream_of(ctx);
     const bool tensor_cores = use_tensor_cores<T>(ctx);
+    if constexpr (kHasTensorKernel<T>) {
+        if (tensor_cores && engine_weight_gradient<T>(args, ctx)) return;
+    }
     // The kernels sum gathered[map[r][t], a] * row[r, b] into partial[chunk][t][a][b]: (a, b) = (ci, co)
     // over a map with rows = target voxels, (co, ci) over one with rows = source voxels.
     const T* gathered = rows_are_source ? grad : x;

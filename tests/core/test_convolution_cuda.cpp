@@ -419,14 +419,18 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
                                                     DType::Float32, true);
                 EXPECT_EQ(tf32.y, exact.y);
                 EXPECT_EQ(tf32.gx, exact.gx);
+                EXPECT_EQ(tf32.gw, exact.gw);
                 const Results<float> random_tf32 = execute(plan, cast<float>(rx), cast<float>(rw), cast<float>(rg), cin,
                                                            cout, DType::Float32, true);
                 EXPECT_TRUE(close(widen(random_tf32.y), widen(reference.y), 2e-3, "forward tf32"));
                 EXPECT_TRUE(close(widen(random_tf32.gx), widen(reference.gx), 2e-3, "backward_input tf32"));
+                EXPECT_TRUE(close(widen(random_tf32.gw), widen(reference.gw), 2e-3, "backward_weight tf32"));
                 if (configuration == configurations.front()) first_tf32 = random_tf32;
                 EXPECT_EQ(random_tf32.y, first_tf32.y) << "TF32 forward differs from " << configurations.front();
                 EXPECT_EQ(random_tf32.gx, first_tf32.gx)
                     << "TF32 input gradient differs from " << configurations.front();
+                EXPECT_EQ(random_tf32.gw, first_tf32.gw)
+                    << "TF32 weight gradient differs from " << configurations.front();
                 for (const bool half : {true, false}) {
                     const DType dtype = half ? DType::Float16 : DType::BFloat16;
                     const char* name = half ? "float16" : "bfloat16";
@@ -434,16 +438,20 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
                                                           cin, cout, dtype);
                     EXPECT_EQ(low.y, encode16(widen(exact.y), half)) << name << " forward";
                     EXPECT_EQ(low.gx, encode16(widen(exact.gx), half)) << name << " input gradient";
+                    EXPECT_EQ(low.gw, encode16(widen(exact.gw), half)) << name << " weight gradient";
                     const Results<uint16_t> random_low = execute(plan, encode16(rx, half), encode16(rw, half),
                                                                  encode16(rg, half), cin, cout, dtype);
                     const double tolerance = half ? 1e-2 : 5e-2;
                     EXPECT_TRUE(close(decode16(random_low.y, half), widen(reference.y), tolerance, name));
                     EXPECT_TRUE(close(decode16(random_low.gx, half), widen(reference.gx), tolerance, name));
+                    EXPECT_TRUE(close(decode16(random_low.gw, half), widen(reference.gw), tolerance, name));
                     auto [slot, inserted] = first16.try_emplace(half ? 1 : 0, random_low);
                     EXPECT_EQ(random_low.y, slot->second.y)
                         << name << " forward differs from " << configurations.front();
                     EXPECT_EQ(random_low.gx, slot->second.gx)
                         << name << " input gradient differs from " << configurations.front();
+                    EXPECT_EQ(random_low.gw, slot->second.gw)
+                        << name << " weight gradient differs from " << configurations.front();
                 }
             }
         }

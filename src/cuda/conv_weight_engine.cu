@@ -1,0 +1,399 @@
+// The tensor-core engine's weight gradient, for float16, bfloat16 and float in TF32 (float32 sums):
+// per tap t, partial[slot][t][a][b] = sum over the slot's rows r with an edge at t of
+// gathered[map[r][t], a] * per_row[r, b], a GEMM with M = gathered channels, N = row channels and K =
+// edges. Rows are split into a number of slots fixed by the problem's shape (never by the device or the
+// tile configuration); a block owns one (tile, slot, tap), walks its slot's rows in lists of kListRows
+// rows, compacts each list's edges at t into shared memory (a block scan: edges stay in row order), and
+// runs a cp.async pipeline over the list's edges, 32 per step: ldmatrix.trans (16-bit) or scalar
+// fragment loads (TF32) and mma.sync. A second kernel adds the slots in slot order. Each element's sum
+// runs over the same edge groups in the same order in every configuration: results are bitwise equal
+// across configurations and runs, and no atomics are used.
+#include "backend/backend.h"
+#include "core/errors.h"
+#include "cuda/conv_mma.cuh"
+#include "cuda/conv_tiles.cuh"
+#include "cuda/cuda_common.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace sparsegrid::detail::cuda {
+
+namespace {
+
+constexpr int kListRows = 1024;  // rows compacted at a time (a constant: it fixes the edge groups)
+constexpr int kEdgeStep = 32;    // edges per pipeline stage
+
+/// A weight-gradient tile configuration: BM x BN of [gathered channels, row channels] per block, in
+/// warps of WM x WN, `stages` deep.
+struct WeightConfig {
+    int bm, bn, wm, wn, stages;
+    std::string name() const {
+        return "w" + std::to_string(bm) + "x" + std::to_string(bn) + "/" + std::to_string(stages);
+    }
+    int threads() const { return (bm / wm) * (bn / wn) * 32; }
+    /// Bytes of one staged row of `channels` elements of `element_bytes`: padded by 16 bytes (ldmatrix
+    /// rows on distinct banks) or, for 4-byte elements read one by one, by 32 (a row stride of 8 banks
+    /// modulo 32, so the fragment loads of a warp fall on distinct banks).
+    static int pitch(int channels, int element_bytes) {
+        return channels * element_bytes + (element_bytes == 4 ? 32 : 16);
+    }
+    size_t shared_bytes(int element_bytes) const {
+        return static_cast<size_t>(stages) * kEdgeStep *
+            static_cast<size_t>(pitch(bm, element_bytes) + pitch(bn, element_bytes));
+    }
+};
+
+// X(BM, BN, WM, WN, stages)
+#define SPARSEGRID_WEIGHT_ENGINE_CONFIGS(X) \
+    X(32, 32, 32, 16, 4)                    \
+    X(64, 64, 32, 32, 4)                    \
+    X(128, 64, 64, 32, 4)                   \
+    X(128, 128, 64, 32, 3)
+
+constexpr WeightConfig kWeightConfigs[] = {
+#define SPARSEGRID_WEIGHT_ENTRY(BM, BN, WM, WN, S) WeightConfig{BM, BN, WM, WN, S},
+    SPARSEGRID_WEIGHT_ENGINE_CONFIGS(SPARSEGRID_WEIGHT_ENTRY)
+#undef SPARSEGRID_WEIGHT_ENTRY
+};
+constexpr int kWeightConfigCount = static_cast<int>(sizeof(kWeightConfigs) / sizeof(kWeightConfigs[0]));
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+/// Four 8 x 8 matrices of 16-bit elements, transposed: lane l receives elements (2 (l % 4), l / 4) and
+/// (2 (l % 4) + 1, l / 4) of each matrix stored with 8 rows of 16 bytes.
+__device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], uint32_t address) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+}
+#endif
+
+template <typename T, int BM, int BN, int WM, int WN, int kStages>
+__global__ __launch_bounds__((BM / WM) * (BN / WN) *
+                             32) void weight_engine_kernel(const int32_t* __restrict__ map, int64_t rows,
+                                                           int32_t volume, const T* __restrict__ gathered,
+                                                           const T* __restrict__ per_row, float* __restrict__ partial,
+                                                           int32_t a_channels, int32_t b_channels,
+                                                           int64_t rows_per_slot, int32_t tiles_n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();  // never launched there: the engine needs compute capability 8.0
+#else
+    using Op = mma::Mma<T>;
+    constexpr int kThreadCount = (BM / WM) * (BN / WN) * 32;
+    constexpr int kWarpsN = BN / WN;
+    constexpr int E = static_cast<int>(sizeof(T));
+    constexpr int kPitchA = BM * E + (E == 4 ? 32 : 16);
+    constexpr int kPitchB = BN * E + (E == 4 ? 32 : 16);
+    constexpr int kVectorsA = BM * E / 16;  // 16-byte copies per staged row
+    constexpr int kVectorsB = BN * E / 16;
+    constexpr int kElementsPerVector = 16 / E;
+    constexpr int kStageBytes = kEdgeStep * (kPitchA + kPitchB);
+    constexpr int MI = WM / 16;
+    constexpr int NI = WN / 8;
+    static_assert(NI % 2 == 0 && WM % 16 == 0, "whole mma tiles");
+    static_assert((kEdgeStep * kVectorsA) % kThreadCount == 0 && (kEdgeStep * kVectorsB) % kThreadCount == 0,
+                  "even copies");
+    using BlockScan = cub::BlockScan<int, kThreadCount>;
+
+    extern __shared__ __align__(128) unsigned char shared[];
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ int32_t list_gathered[kListRows];  // per edge of the list: the gathered row
+    __shared__ int32_t list_row[kListRows];       // and the map row
+
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int warp_m = (warp / kWarpsN) * WM;
+    const int warp_n = (warp % kWarpsN) * WN;
+    const int m0 = static_cast<int>(blockIdx.x / tiles_n) * BM;
+    const int n0 = static_cast<int>(blockIdx.x % tiles_n) * BN;
+    const int64_t slot = blockIdx.y;
+    const int32_t t = static_cast<int32_t>(blockIdx.z);
+    const int64_t begin = slot * rows_per_slot;
+    const int64_t end = begin + rows_per_slot < rows ? begin + rows_per_slot : rows;
+    const uint32_t base = mma::shared_address(shared);
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+    for (int64_t list0 = begin; list0 < end; list0 += kListRows) {
+        const int64_t list_end = list0 + kListRows < end ? list0 + kListRows : end;
+        // The list's edges at tap t, in row order.
+        int edges = 0;
+        for (int64_t window = list0; window < list_end; window += kThreadCount) {
+            const int64_t r = window + tid;
+            int32_t s = -1;
+            if (r < list_end) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            int position = 0, count = 0;
+            BlockScan(scan_storage).ExclusiveSum(s >= 0 ? 1 : 0, position, count);
+            if (s >= 0) {
+                list_gathered[edges + position] = s;
+                list_row[edges + position] = static_cast<int32_t>(r);
+            }
+            edges += count;
+            __syncthreads();  // scan storage is reused; the list is complete after the last window
+        }
+        const int steps = (edges + kEdgeStep - 1) / kEdgeStep;
+
+        auto load_step = [&](int step, int stage) {
+            if (step >= steps) return;
+            unsigned char* a_stage = shared + stage * kStageBytes;
+            unsigned char* b_stage = a_stage + kEdgeStep * kPitchA;
+#pragma unroll
+            for (int c = 0; c < kEdgeStep * kVectorsA / kThreadCount; ++c) {
+                const int idx = tid + c * kThreadCount;
+                const int k = idx / kVectorsA;
+                const int v = idx % kVectorsA;
+                const int edge = step * kEdgeStep + k;
+                const int channel = m0 + v * kElementsPerVector;
+                const bool valid = edge < edges && channel < a_channels;
+                const T* from = valid ? gathered + int64_t{list_gathered[edge]} * a_channels + channel : gathered;
+                mma::copy16(mma::shared_address(a_stage + k * kPitchA + v * 16), from, valid);
+            }
+#pragma unroll
+            for (int c = 0; c < kEdgeStep * kVectorsB / kThreadCount; ++c) {
+                const int idx = tid + c * kThreadCount;
+                const int k = idx / kVectorsB;
+                const int v = idx % kVectorsB;
+                const int edge = step * kEdgeStep + k;
+                const int channel = n0 + v * kElementsPerVector;
+                const bool valid = edge < edges && channel < b_channels;
+                const T* from = valid ? per_row + int64_t{list_row[edge]} * b_channels + channel : per_row;
+                mma::copy16(mma::shared_address(b_stage + k * kPitchB + v * 16), from, valid);
+            }
+        };
+
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) {
+            load_step(s, s);
+            mma::commit_copies();
+        }
+        for (int step = 0; step < steps; ++step) {
+            mma::wait_copies<kStages - 2>();
+            __syncthreads();
+            load_step(step + kStages - 1, (step + kStages - 1) % kStages);
+            mma::commit_copies();
+            const uint32_t a_stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
+            const uint32_t b_stage = a_stage + static_cast<uint32_t>(kEdgeStep * kPitchA);
+            if constexpr (E == 2) {
+                // A (edges x gathered channels, stored edge-major) and B (edges x row channels) both go
+                // through ldmatrix.trans. A matrices: (k 0-7, m 0-7), (k 0-7, m 8-15), (k 8-15, m 0-7),
+                // (k 8-15, m 8-15); B: (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+                const int a_k = lane % 8 + 8 * (lane / 16);
+                const int a_m = 8 * ((lane / 8) % 2);
+                const int b_k = lane % 8 + 8 * ((lane / 8) % 2);
+                const int b_n = 8 * (lane / 16);
+#pragma unroll
+                for (int kk = 0; kk < kEdgeStep / 16; ++kk) {
+                    uint32_t a[MI][4];
+                    uint32_t b[NI][2];
+#pragma unroll
+                    for (int i = 0; i < MI; ++i)
+                        load_matrices_transposed(
+                            a[i],
+                            a_stage + static_cast<uint32_t>((16 * kk + a_k) * kPitchA + (warp_m + 16 * i + a_m) * E));
+#pragma unroll
+                    for (int j = 0; j < NI / 2; ++j) {
+                        uint32_t r[4];
+                        load_matrices_transposed(
+                            r,
+                            b_stage + static_cast<uint32_t>((16 * kk + b_k) * kPitchB + (warp_n + 16 * j + b_n) * E));
+                        b[2 * j][0] = r[0];
+                        b[2 * j][1] = r[1];
+                        b[2 * j + 1][0] = r[2];
+                        b[2 * j + 1][1] = r[3];
+                    }
+#pragma unroll
+                    for (int i = 0; i < MI; ++i)
+#pragma unroll
+                        for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
+                }
+            } else {
+                // TF32: fragment elements read one by one (ldmatrix.trans moves 16-bit elements only):
+                // a = (m g, k q), (m g + 8, k q), (m g, k q + 4), (m g + 8, k q + 4); b = (k q, n g),
+                // (k q + 4, n g) with g = lane / 4, q = lane % 4.
+                const float* a_tile = reinterpret_cast<const float*>(shared + (step % kStages) * kStageBytes);
+                const float* b_tile = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(a_tile) +
+                                                                     kEdgeStep * kPitchA);
+                constexpr int kLdA = kPitchA / 4, kLdB = kPitchB / 4;
+                const int g = lane / 4, q = lane % 4;
+#pragma unroll
+                for (int kk = 0; kk < kEdgeStep / 8; ++kk) {
+                    uint32_t a[MI][4];
+                    uint32_t b[NI][2];
+#pragma unroll
+                    for (int i = 0; i < MI; ++i) {
+                        const float* column = a_tile + (8 * kk + q) * kLdA + warp_m + 16 * i + g;
+                        a[i][0] = __float_as_uint(column[0]);
+                        a[i][1] = __float_as_uint(column[8]);
+                        a[i][2] = __float_as_uint(column[4 * kLdA]);
+                        a[i][3] = __float_as_uint(column[4 * kLdA + 8]);
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) Op::prepare(a[i][e]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NI; ++j) {
+                        const float* column = b_tile + (8 * kk + q) * kLdB + warp_n + 8 * j + g;
+                        b[j][0] = __float_as_uint(column[0]);
+                        b[j][1] = __float_as_uint(column[4 * kLdB]);
+                        Op::prepare(b[j][0]);
+                        Op::prepare(b[j][1]);
+                    }
+#pragma unroll
+                    for (int i = 0; i < MI; ++i)
+#pragma unroll
+                        for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
+                }
+            }
+        }
+        mma::wait_copies<0>();
+        __syncthreads();  // stages and lists are rewritten by the next list
+    }
+
+    // Accumulator (i, j, 2h + e): a = m0 + warp_m + 16 i + lane / 4 + 8 h, b = n0 + warp_n + 8 j + 2 (lane % 4) + e.
+    float* out = partial + (slot * volume + t) * int64_t{a_channels} * b_channels;
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int a = m0 + warp_m + 16 * i + lane / 4 + 8 * h;
+            if (a >= a_channels) continue;
+#pragma unroll
+            for (int j = 0; j < NI; ++j) {
+                const int b = n0 + warp_n + 8 * j + 2 * (lane % 4);
+                if (b < b_channels)
+                    *reinterpret_cast<float2*>(out + int64_t{a} * b_channels + b) = make_float2(acc[i][j][2 * h],
+                                                                                                acc[i][j][2 * h + 1]);
+            }
+        }
+#endif
+}
+
+using WeightKernel = void (*)(const int32_t*, int64_t, int32_t, const void*, const void*, float*, int32_t, int32_t,
+                              int64_t, int64_t, cudaStream_t);
+
+template <typename T, int BM, int BN, int WM, int WN, int kStages>
+void launch_weight_engine(const int32_t* map, int64_t rows, int32_t volume, const void* gathered, const void* per_row,
+                          float* partial, int32_t a_channels, int32_t b_channels, int64_t slots, int64_t rows_per_slot,
+                          cudaStream_t stream) {
+    auto* kernel = weight_engine_kernel<T, BM, BN, WM, WN, kStages>;
+    constexpr WeightConfig config{BM, BN, WM, WN, kStages};
+    const size_t shared_bytes = config.shared_bytes(static_cast<int>(sizeof(T)));
+    static std::atomic<uint64_t> raised{0};  // bit d: the dynamic shared-memory limit was raised on device d
+    int device = 0;
+    SPARSEGRID_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit == 0 || !(raised.load(std::memory_order_acquire) & bit)) {
+        SPARSEGRID_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
+        raised.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    const int64_t tiles_m = (a_channels + BM - 1) / BM, tiles_n = (b_channels + BN - 1) / BN;
+    const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots),
+                    static_cast<unsigned>(volume));
+    kernel<<<grid, config.threads(), shared_bytes, stream>>>(map, rows, volume, static_cast<const T*>(gathered),
+                                                             static_cast<const T*>(per_row), partial, a_channels,
+                                                             b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+}
+
+template <typename T>
+constexpr std::array<WeightKernel, kWeightConfigCount> weight_launchers() {
+    return {
+#define SPARSEGRID_WEIGHT_LAUNCHER(BM, BN, WM, WN, S) &launch_weight_engine<T, BM, BN, WM, WN, S>,
+        SPARSEGRID_WEIGHT_ENGINE_CONFIGS(SPARSEGRID_WEIGHT_LAUNCHER)
+#undef SPARSEGRID_WEIGHT_LAUNCHER
+    };
+}
+
+/// Slots of rows: about 1024 blocks of (slot, tap) over the taps, at least kListRows rows per slot, at
+/// most 64 MiB of partial sums, at most 65535. Depends only on the problem's shape, so the edge groups
+/// and their order do too.
+int64_t weight_engine_slots(int64_t rows, int32_t volume, int64_t slot_bytes) {
+    constexpr int64_t kTargetBlocks = 1024;
+    constexpr int64_t kMaxBytes = int64_t{64} << 20;
+    int64_t slots = std::max<int64_t>(1, kTargetBlocks / volume);
+    slots = std::min(slots, (rows + kListRows - 1) / kListRows);
+    slots = std::min(slots, kMaxBytes / std::max<int64_t>(1, slot_bytes));
+    slots = std::min<int64_t>(slots, 65535);
+    return std::max<int64_t>(slots, 1);
+}
+
+int weight_config_index(int bm, int bn) {
+    for (int i = 0; i < kWeightConfigCount; ++i)
+        if (kWeightConfigs[i].bm == bm && kWeightConfigs[i].bn == bn) return i;
+    return 0;
+}
+
+/// The automatic choice by the channel counts of both operands.
+int automatic_weight_config(int64_t a_channels, int64_t b_channels) {
+    if (a_channels <= 32 && b_channels <= 32) return weight_config_index(32, 32);
+    if (a_channels <= 64 && b_channels <= 64) return weight_config_index(64, 64);
+    return weight_config_index(128, 128);
+}
+
+}  // namespace
+
+std::vector<std::string> weight_engine_configurations() {
+    std::vector<std::string> names;
+    for (const WeightConfig& config : kWeightConfigs) names.push_back(config.name());
+    return names;
+}
+
+template <typename T>
+bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
+    int index = forced_engine_configuration();
+    if (index == kEngineOff) return false;
+    index = index >= forward_engine_configuration_count() ? index - forward_engine_configuration_count()
+                                                          : kEngineAutomatic;
+    const bool rows_are_source = args.rows_are_source;
+    const void* gathered = rows_are_source ? args.grad : args.x;
+    const void* per_row = rows_are_source ? args.x : args.grad;
+    const int64_t a_channels = rows_are_source ? args.out_channels : args.in_channels;
+    const int64_t b_channels = rows_are_source ? args.in_channels : args.out_channels;
+    constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
+    if (a_channels % kElementsPerVector != 0 || b_channels % kElementsPerVector != 0) return false;
+    if (reinterpret_cast<uintptr_t>(gathered) % 16 != 0 || reinterpret_cast<uintptr_t>(per_row) % 16 != 0) return false;
+    if (args.rows > INT32_MAX || (args.map == nullptr && args.volume != 1)) return false;
+    if (index == kEngineAutomatic) index = automatic_weight_config(a_channels, b_channels);
+    const cudaStream_t stream = stream_of(ctx);
+    const int64_t slot_elements = int64_t{args.volume} * a_channels * b_channels;
+    int64_t slots = 0;
+    Buffer<float> partial;
+    if (args.rows > 0) {
+        slots = weight_engine_slots(args.rows, args.volume, slot_elements * static_cast<int64_t>(sizeof(float)));
+        const int64_t rows_per_slot = (args.rows + slots - 1) / slots;
+        slots = (args.rows + rows_per_slot - 1) / rows_per_slot;
+        partial = Buffer<float>::allocate(slots * slot_elements, ctx);
+        static constexpr std::array<WeightKernel, kWeightConfigCount> launchers = weight_launchers<T>();
+        launchers[static_cast<size_t>(index)](args.map, args.rows, args.volume, gathered, per_row, partial.data(),
+                                              static_cast<int32_t>(a_channels), static_cast<int32_t>(b_channels), slots,
+                                              rows_per_slot, stream);
+    }
+    reduce_weight_grad_kernel<T, float><<<blocks_for(slot_elements), kThreads, 0, stream>>>(
+        partial.data(), slots, args.volume, args.in_channels, args.out_channels, rows_are_source,
+        static_cast<T*>(args.grad_weight));
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    return true;
+}
+
+template bool engine_weight_gradient<float>(const MapWeightGradient&, const Context&);
+template bool engine_weight_gradient<__half>(const MapWeightGradient&, const Context&);
+template bool engine_weight_gradient<__nv_bfloat16>(const MapWeightGradient&, const Context&);
+
+}  // namespace sparsegrid::detail::cuda
