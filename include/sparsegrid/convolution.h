@@ -118,4 +118,14 @@ std::vector<std::string> convolution_engine_configurations();
 /// and applies while the process has set none here. Raises for any other name, listing the valid ones.
 void set_convolution_engine_configuration(const std::string& name);
 
+/// Tuning of the CUDA engine. With `enabled`, the first execution of each shape (forward or weight
+/// gradient, dtype, channel counts, taps, rows within a factor of 2, device name) times every
+/// configuration (it waits for the device: let it happen in a warm-up step) and keeps the fastest;
+/// later executions of that shape take it without waiting. `file`, when not empty, is read now and
+/// rewritten with every new choice, so that later processes start tuned (recorded choices apply with
+/// tuning off too). Tuning changes speed only: every configuration gives bitwise the same result.
+/// SPARSEGRID_CONV_TUNE=1 and SPARSEGRID_CONV_TUNE_FILE=path do the same for a process that calls
+/// nothing here. No effect on the CPU.
+void set_convolution_engine_tuning(bool enabled, const std::string& file = "");
+
 }  // namespace sparsegrid

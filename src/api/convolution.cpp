@@ -316,6 +316,11 @@ std::vector<std::string> convolution_engine_configurations() {
                               [](auto backend) { return backend.engine_configurations(); });
 }
 
+void set_convolution_engine_tuning(bool enabled, const std::string& file) {
+    detail::on_backend("set_convolution_engine_tuning", engine_device(),
+                       [&](auto backend) { backend.set_engine_tuning(enabled, file); });
+}
+
 void set_convolution_engine_configuration(const std::string& name) {
     detail::on_backend("set_convolution_engine_configuration", engine_device(),
                        [&](auto backend) { backend.force_engine_configuration(name); });

@@ -140,7 +140,9 @@ struct MapWeightGradient {
     X(std::vector<std::string>, engine_configurations, void)                                                       \
     /* Forces the engine onto a configuration for the process: a name from the list, "auto" (the */              \
     /* automatic choice) or "off" (the tiled kernels instead of the engine). */                                    \
-    X(void, force_engine_configuration, const std::string& name)
+    X(void, force_engine_configuration, const std::string& name)                                                   \
+    /* Tuning of the engine's configuration per shape, and the file of recorded choices ("": none). */            \
+    X(void, set_engine_tuning, bool enabled, const std::string& file)
 
 // clang-format on
 

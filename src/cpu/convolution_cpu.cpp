@@ -236,4 +236,6 @@ void CpuBackend::force_engine_configuration(const std::string& name) {
         throw_error("configuration must be auto or off (the CPU has no tensor-core engine), got '", name, "'");
 }
 
+void CpuBackend::set_engine_tuning(bool, const std::string&) {}  // the CPU kernels have nothing to tune
+
 }  // namespace sparsegrid::detail

@@ -118,4 +118,6 @@ std::vector<std::string> CudaBackend::engine_configurations() { return cuda::eng
 
 void CudaBackend::force_engine_configuration(const std::string& name) { cuda::force_engine_configuration(name); }
 
+void CudaBackend::set_engine_tuning(bool enabled, const std::string& file) { cuda::set_engine_tuning(enabled, file); }
+
 }  // namespace sparsegrid::detail

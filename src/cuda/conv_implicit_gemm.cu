@@ -62,7 +62,8 @@ struct EngineConfig {
     X(256, 64, 64, 64, 32, 3)             \
     X(64, 128, 128, 32, 64, 3)            \
     X(128, 128, 64, 64, 32, 4)            \
-    X(128, 128, 128, 64, 32, 3)
+    X(128, 128, 128, 64, 32, 3)           \
+    X(256, 128, 64, 64, 64, 3)
 
 constexpr EngineConfig kEngineConfigs[] = {
 #define SPARSEGRID_CONFIG_ENTRY(BM, BN, RB, WM, WN, S) EngineConfig{BM, BN, RB, WM, WN, S},
@@ -390,11 +391,26 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
         return false;
     const Buffer<T> packed = pack_engine_weight<T>(args, ctx);
     if (reinterpret_cast<uintptr_t>(packed.data()) % 16 != 0) return false;  // an allocator's odd alignment
-    if (index == kEngineAutomatic) index = automatic_config(x_channels, y_channels, sizeof(T));
     static constexpr std::array<EngineKernel, kEngineConfigCount> launchers = engine_launchers<T>();
-    launchers[static_cast<size_t>(index)](args.map, args.order, args.rows, args.volume, args.x, packed.data(), args.out,
-                                          static_cast<int32_t>(x_channels), static_cast<int32_t>(y_channels),
-                                          kEngineConfigs[index].shared_bytes(args.volume), stream_of(ctx));
+    auto launch = [&](int config) {
+        launchers[static_cast<size_t>(config)](args.map, args.order, args.rows, args.volume, args.x, packed.data(),
+                                               args.out, static_cast<int32_t>(x_channels),
+                                               static_cast<int32_t>(y_channels),
+                                               kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
+    };
+    if (index == kEngineAutomatic) {
+        static const std::vector<std::string> names = [] {
+            std::vector<std::string> all = engine_configurations();
+            all.resize(kEngineConfigCount);
+            return all;
+        }();
+        const EngineShape shape{"forward",   engine_dtype_name<T>(), x_channels, y_channels,
+                                args.volume, floor_log2(args.rows)};
+        const TunedConfiguration tuned = tuned_configuration(shape, names, launch, ctx);
+        if (tuned.ran) return true;
+        index = tuned.index != kEngineAutomatic ? tuned.index : automatic_config(x_channels, y_channels, sizeof(T));
+    }
+    launch(index);
     return true;
 }
 

@@ -12,6 +12,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -248,6 +249,50 @@ constexpr int kEngineOff = -2;
 /// The configuration forced through force_engine_configuration or else SPARSEGRID_CONV_CONFIG: an
 /// index into engine_configurations(), kEngineAutomatic or kEngineOff.
 int forced_engine_configuration();
+
+// ---- the tuner (conv_tuner.cu) ---------------------------------------------------------------------
+
+/// What the tuner keys on, with the device's name: the execution ("forward" for the forward pass and the
+/// input gradient, "weight" for the weight gradient), the dtype ("float16", "bfloat16", "tf32"), the
+/// channel counts, the taps and floor(log2(rows)).
+struct EngineShape {
+    const char* kind;
+    const char* dtype;
+    int64_t x_channels;
+    int64_t y_channels;
+    int32_t volume;
+    int rows_log2;
+};
+
+struct TunedConfiguration {
+    int index;  ///< into `names`, or kEngineAutomatic: no choice recorded and tuning off
+    bool ran;   ///< the execution was run (timed) and its output is complete
+};
+
+/// The recorded choice for `shape` (from this process or the tuning file); with tuning on and none
+/// recorded, times run(i) for every i in `names` (waits for the device), records the fastest and
+/// rewrites the file. Thread-safe.
+TunedConfiguration tuned_configuration(const EngineShape& shape, const std::vector<std::string>& names,
+                                       const std::function<void(int)>& run, const Context& ctx);
+
+/// Turns tuning on or off and names the file of recorded choices ("" for none), read now.
+void set_engine_tuning(bool enabled, const std::string& file);
+
+template <typename T>
+constexpr const char* engine_dtype_name() {
+    if constexpr (std::is_same_v<T, __half>) return "float16";
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) return "bfloat16";
+    return "tf32";
+}
+
+inline int floor_log2(int64_t value) {
+    int bits = 0;
+    while (value > 1) {
+        value >>= 1;
+        ++bits;
+    }
+    return bits;
+}
 
 /// Forces the engine onto one configuration in this process ("" or "auto": the automatic choice, which
 /// SPARSEGRID_CONV_CONFIG overrides; "off": the kernels of conv_forward.cu). Raises for an unknown name,

@@ -370,25 +370,37 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
     if (a_channels % kElementsPerVector != 0 || b_channels % kElementsPerVector != 0) return false;
     if (reinterpret_cast<uintptr_t>(gathered) % 16 != 0 || reinterpret_cast<uintptr_t>(per_row) % 16 != 0) return false;
     if (args.rows > INT32_MAX || (args.map == nullptr && args.volume != 1)) return false;
-    if (index == kEngineAutomatic) index = automatic_weight_config(a_channels, b_channels);
     const cudaStream_t stream = stream_of(ctx);
     const int64_t slot_elements = int64_t{args.volume} * a_channels * b_channels;
     int64_t slots = 0;
+    int64_t rows_per_slot = 0;
     Buffer<float> partial;
     if (args.rows > 0) {
         slots = weight_engine_slots(args.rows, args.volume, slot_elements * static_cast<int64_t>(sizeof(float)));
-        const int64_t rows_per_slot = (args.rows + slots - 1) / slots;
+        rows_per_slot = (args.rows + slots - 1) / slots;
         slots = (args.rows + rows_per_slot - 1) / rows_per_slot;
         partial = Buffer<float>::allocate(slots * slot_elements, ctx);
-        static constexpr std::array<WeightKernel, kWeightConfigCount> launchers = weight_launchers<T>();
-        launchers[static_cast<size_t>(index)](args.map, args.rows, args.volume, gathered, per_row, partial.data(),
-                                              static_cast<int32_t>(a_channels), static_cast<int32_t>(b_channels), slots,
-                                              rows_per_slot, stream);
     }
-    reduce_weight_grad_kernel<T, float><<<blocks_for(slot_elements), kThreads, 0, stream>>>(
-        partial.data(), slots, args.volume, args.in_channels, args.out_channels, rows_are_source,
-        static_cast<T*>(args.grad_weight));
-    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    static constexpr std::array<WeightKernel, kWeightConfigCount> launchers = weight_launchers<T>();
+    auto launch = [&](int config) {
+        if (args.rows > 0)
+            launchers[static_cast<size_t>(config)](args.map, args.rows, args.volume, gathered, per_row, partial.data(),
+                                                   static_cast<int32_t>(a_channels), static_cast<int32_t>(b_channels),
+                                                   slots, rows_per_slot, stream);
+        reduce_weight_grad_kernel<T, float><<<blocks_for(slot_elements), kThreads, 0, stream>>>(
+            partial.data(), slots, args.volume, args.in_channels, args.out_channels, rows_are_source,
+            static_cast<T*>(args.grad_weight));
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    };
+    if (index == kEngineAutomatic) {
+        static const std::vector<std::string> names = weight_engine_configurations();
+        const EngineShape shape{"weight",    engine_dtype_name<T>(), a_channels, b_channels,
+                                args.volume, floor_log2(args.rows)};
+        const TunedConfiguration tuned = tuned_configuration(shape, names, launch, ctx);
+        if (tuned.ran) return true;
+        index = tuned.index != kEngineAutomatic ? tuned.index : automatic_weight_config(a_channels, b_channels);
+    }
+    launch(index);
     return true;
 }
 

@@ -10,11 +10,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 
 namespace sparsegrid_test {
@@ -455,6 +459,65 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
                 }
             }
         }
+}
+
+TEST_F(ConvolutionCuda, TunedExecutionsEqualUntunedOnesAndTheChoicesPersist) {
+    // Tuning times every configuration on the first execution of a shape (waiting for the device), keeps
+    // the fastest and writes it to the file; results are bitwise those of the automatic choice; a later
+    // execution, and a fresh start from the file with tuning off, neither wait nor change a bit.
+    struct TuningOff {
+        ~TuningOff() { sparsegrid::set_convolution_engine_tuning(false); }
+    } restore;
+    const auto members = random_batch(321, 4);
+    const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
+    const ConvolutionPlan plan = ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1});
+    const int64_t cin = 32, cout = 48, volume = plan.kernel_volume();
+    Rng rng(321);
+    const auto x = encode16(random_eighths(rng, grid.num_voxels() * cin), true);
+    const auto w = encode16(random_eighths(rng, cout * cin * volume), true);
+    const auto g = encode16(random_eighths(rng, grid.num_voxels() * cout), true);
+    const Results<uint16_t> automatic = execute(plan, x, w, g, cin, cout, DType::Float16);
+    const std::string file = ::testing::TempDir() + "sparsegrid_tuning_test.txt";
+    std::remove(file.c_str());
+    sparsegrid::set_convolution_engine_tuning(true, file);
+    const int64_t before = sparsegrid::host_synchronizations();
+    const Results<uint16_t> tuned = execute(plan, x, w, g, cin, cout, DType::Float16);
+    EXPECT_GT(sparsegrid::host_synchronizations(), before) << "tuning times on the device";
+    EXPECT_EQ(tuned.y, automatic.y);
+    EXPECT_EQ(tuned.gx, automatic.gx);
+    EXPECT_EQ(tuned.gw, automatic.gw);
+    const int64_t after_tuning = sparsegrid::host_synchronizations();
+    const Results<uint16_t> again = execute(plan, x, w, g, cin, cout, DType::Float16);
+    // execute() reads its three results back (three counted waits); nothing else may wait.
+    EXPECT_EQ(sparsegrid::host_synchronizations() - after_tuning, 3);
+    EXPECT_EQ(again.y, automatic.y);
+    EXPECT_EQ(again.gw, automatic.gw);
+
+    // The file: the forward (cin -> cout), the input gradient (cout -> cin) and the weight gradient.
+    const std::vector<std::string> names = sparsegrid::convolution_engine_configurations();
+    std::ifstream in(file);
+    std::string line;
+    std::vector<std::string> kinds;
+    while (std::getline(in, line)) {
+        std::vector<std::string> fields;
+        std::stringstream stream(line);
+        for (std::string field; std::getline(stream, field, '\t');) fields.push_back(field);
+        ASSERT_EQ(fields.size(), 8u) << line;
+        EXPECT_EQ(fields[2], "float16") << line;
+        EXPECT_NE(std::find(names.begin(), names.end(), fields[7]), names.end()) << line;
+        kinds.push_back(fields[1] + " " + fields[3] + " " + fields[4]);
+    }
+    std::sort(kinds.begin(), kinds.end());
+    EXPECT_EQ(kinds, (std::vector<std::string>{"forward 32 48", "forward 48 32", "weight 32 48"}));
+
+    sparsegrid::set_convolution_engine_tuning(false, file);
+    const int64_t reloaded = sparsegrid::host_synchronizations();
+    const Results<uint16_t> from_file = execute(plan, x, w, g, cin, cout, DType::Float16);
+    EXPECT_EQ(sparsegrid::host_synchronizations() - reloaded, 3);
+    EXPECT_EQ(from_file.y, automatic.y);
+    EXPECT_EQ(from_file.gx, automatic.gx);
+    EXPECT_EQ(from_file.gw, automatic.gw);
+    std::remove(file.c_str());
 }
 
 TEST_F(ConvolutionCuda, EngineConfigurationNamesAreChecked) {
