@@ -17,7 +17,9 @@ import pathlib
 import torch
 
 __all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "convolution_seconds",
-           "host_synchronizations", "cuda_backend_available", "mesh_loading_available", "library_path", "nn"]
+           "host_synchronizations", "cuda_backend_available", "mesh_loading_available", "library_path",
+           "convolution_engine_configurations", "set_convolution_engine_configuration",
+           "set_convolution_engine_tuning", "nn"]
 
 
 def _candidate_libraries():
@@ -358,6 +360,32 @@ def host_synchronizations():
     """Times the library has waited for a CUDA stream so far (process-wide): read it before and after an
     operation to count that operation's synchronisations. Always 0 on the CPU."""
     return torch.ops.sparsegrid.host_synchronizations()
+
+
+def convolution_engine_configurations():
+    """Names of the tile configurations of the CUDA tensor-core convolution engine (forward and input
+    gradient ones, then weight-gradient ones starting with "w"); empty without CUDA. Every configuration
+    gives bitwise the same result."""
+    return list(torch.ops.sparsegrid.convolution_engine_configurations())
+
+
+def set_convolution_engine_configuration(name):
+    """For measurements: runs every following CUDA tensor-core convolution of the process on one
+    configuration; "auto" restores the automatic (or tuned) choice, "off" runs the tiled kernels the
+    engine replaced."""
+    if not isinstance(name, str):
+        raise TypeError(f"set_convolution_engine_configuration: name must be a str, got {type(name).__name__}")
+    torch.ops.sparsegrid.set_convolution_engine_configuration(name)
+
+
+def set_convolution_engine_tuning(enabled, file=""):
+    """With `enabled`, the first CUDA execution of each convolution shape times every configuration of the
+    engine (it waits for the GPU: let it happen in a warm-up step) and keeps the fastest. `file`, when
+    given, is read now and rewritten with each new choice, so that later processes start tuned. Results
+    are bitwise the same whichever configuration runs."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_convolution_engine_tuning: enabled must be a bool, got {type(enabled).__name__}")
+    torch.ops.sparsegrid.set_convolution_engine_tuning(enabled, os.fspath(file))
 
 
 def mesh_loading_available():

@@ -103,6 +103,11 @@ TORCH_LIBRARY(sparsegrid, m) {
     m.def("sparse_conv", &sparse_conv);
     m.def("convolution_seconds", [] { return convolution_seconds(); });
     m.def("host_synchronizations", [] { return sparsegrid::host_synchronizations(); });
+    m.def("convolution_engine_configurations", [] { return sparsegrid::convolution_engine_configurations(); });
+    m.def("set_convolution_engine_configuration",
+          [](const std::string& name) { sparsegrid::set_convolution_engine_configuration(name); });
+    m.def("set_convolution_engine_tuning",
+          [](bool enabled, const std::string& file) { sparsegrid::set_convolution_engine_tuning(enabled, file); });
     m.def("cuda_backend_available", [] { return sparsegrid::cuda_backend_available(); });
     m.def("mesh_loading_available", [] { return sparsegrid::mesh_loading_available(); });
 }
