@@ -11,9 +11,14 @@
 // the same order in every tile configuration, so every configuration gives bitwise the same result, run
 // after run. Taps that no row of a block has contribute nothing and are skipped.
 //
+// Scatter mode (outputs with at most one edge each, the fine side of a K = S plan): the block's rows are
+// input rows, its A operand their own features at every tap, and after each tap's last chunk the
+// accumulators go to the rows' one output row at that tap and restart from zero: the same sums as the
+// gathering form, written once each.
+//
 // Taken for maps of at most 64 taps, when x has a multiple of 16 bytes per row (8 float16 / bfloat16
 // channels, 4 float), the output an even channel count, and both start 16-byte aligned; the kernels of
-// conv_forward.cu take the rest (odd channel counts, scatter mode, larger kernels).
+// conv_forward.cu take the rest (odd channel counts, larger kernels).
 #include "backend/backend.h"
 #include "core/env.h"
 #include "core/errors.h"
@@ -94,12 +99,12 @@ __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __res
 }
 
 template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
-__global__ __launch_bounds__((BM / WM) * (BN / WN) *
-                             32) void implicit_gemm_kernel(const int32_t* __restrict__ map,
-                                                           const int32_t* __restrict__ order, int64_t rows,
-                                                           int32_t volume, const T* __restrict__ x,
-                                                           const T* __restrict__ packed, T* __restrict__ out,
-                                                           int32_t x_channels, int32_t y_channels) {
+__global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
+                             1) void implicit_gemm_kernel(const int32_t* __restrict__ map,
+                                                          const int32_t* __restrict__ order, int64_t rows,
+                                                          int32_t volume, const T* __restrict__ x,
+                                                          const T* __restrict__ packed, T* __restrict__ out,
+                                                          int32_t x_channels, int32_t y_channels, bool scatter) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: the engine needs compute capability 8.0
 #else
@@ -172,9 +177,10 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) *
             const int m = idx / kVectors;
             const int v = idx % kVectors;
             const int32_t s = sources[m];
+            const int64_t source = s < 0 ? -1 : scatter ? row_of[m] : int64_t{s};  // scatter: the block's own rows
             const int k = k0 + v * kElementsPerVector;
             const bool valid = s >= 0 && k < x_channels;
-            const T* from = valid ? x + int64_t{s} * x_channels + k : x;
+            const T* from = valid ? x + source * x_channels + k : x;
             mma::copy16(mma::shared_address(a_stage + m * kPitch + v * 16), from, valid);
         }
         const T* w = packed + (int64_t{t} * y_channels + n0) * x_channels;
@@ -209,6 +215,24 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) *
     const uint32_t b_lane = static_cast<uint32_t>(BM * kPitch + (warp_n + lane % 8 + 8 * (lane / 16)) * kPitch +
                                                   ((lane / 8) % 2) * 16);
     const uint32_t base = mma::shared_address(shared);
+    // Writes the accumulators to the output rows row_at(m) of the block's rows m (none where negative).
+    // Accumulator (i, j, 2h + e) is row warp_m + 16 i + lane / 4 + 8 h, channel warp_n + 8 j + 2 (lane % 4) + e.
+    auto write_rows = [&](auto row_at) {
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int64_t r = row_at(warp_m + 16 * i + lane / 4 + 8 * h);
+                if (r < 0) continue;
+                T* row_out = out + r * y_channels + n0;
+#pragma unroll
+                for (int j = 0; j < NI; ++j) {
+                    const int n = warp_n + 8 * j + 2 * (lane % 4);
+                    if (n0 + n < y_channels) mma::store_pair(row_out + n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+                }
+            }
+        }
+    };
     for (int step = 0; step < steps; ++step) {
         mma::wait_copies<kStages - 2>();
         __syncthreads();  // step's stage is complete for every thread; the stage of step - 1 is free
@@ -241,36 +265,32 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) *
 #pragma unroll
                 for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
         }
-    }
-    mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
-
-    // Accumulator (i, j, 2h + e) is row warp_m + 16 i + lane / 4 + 8 h, channel warp_n + 8 j + 2 (lane % 4) + e.
+        if (scatter && step % chunks == chunks - 1) {
+            // The tap's products are complete: each goes to its row's one output row at this tap.
+            const int32_t* targets = table + active[step / chunks] * (BM + 1);
+            write_rows([&](int m) { return int64_t{targets[m]}; });
 #pragma unroll
-    for (int i = 0; i < MI; ++i) {
+            for (int i = 0; i < MI; ++i)
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int64_t r = row_of[warp_m + 16 * i + lane / 4 + 8 * h];
-            if (r < 0) continue;
-            T* row_out = out + r * y_channels + n0;
+                for (int j = 0; j < NI; ++j)
 #pragma unroll
-            for (int j = 0; j < NI; ++j) {
-                const int n = warp_n + 8 * j + 2 * (lane % 4);
-                if (n0 + n < y_channels) mma::store_pair(row_out + n, acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-            }
+                    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
         }
     }
+    mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
+    if (!scatter) write_rows([&](int m) { return row_of[m]; });
 #endif
 }
 
 using EngineKernel = void (*)(const int32_t*, const int32_t*, int64_t, int32_t, const void*, const void*, void*,
-                              int32_t, int32_t, size_t, cudaStream_t);
+                              int32_t, int32_t, bool, size_t, cudaStream_t);
 
 /// Launches configuration (BM, BN, ...) in T, raising the kernel's dynamic shared-memory limit first on
 /// each device it runs on.
 template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
 void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
-                   const void* packed, void* out, int32_t x_channels, int32_t y_channels, size_t shared_bytes,
-                   cudaStream_t stream) {
+                   const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                   size_t shared_bytes, cudaStream_t stream) {
     auto* kernel = implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages>;
     static std::atomic<uint64_t> raised{0};  // bit d: the limit was raised on device d
     int device = 0;
@@ -285,7 +305,7 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     kernel<<<grid, (BM / WM) * (BN / WN) * 32, shared_bytes, stream>>>(
         map, order, rows, volume, static_cast<const T*>(x), static_cast<const T*>(packed), static_cast<T*>(out),
-        x_channels, y_channels);
+        x_channels, y_channels, scatter);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -383,9 +403,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
     int index = forced_engine_configuration();
     if (index >= kEngineConfigCount) index = kEngineAutomatic;  // a weight-gradient configuration
-    if (index == kEngineOff || args.scatter || args.volume > kMaxEngineTaps ||
-        (args.map == nullptr && args.volume != 1))
-        return false;
+    if (index == kEngineOff || args.volume > kMaxEngineTaps || (args.map == nullptr && args.volume != 1)) return false;
     if (x_channels % kElementsPerVector != 0 || y_channels % 2 != 0) return false;
     if (reinterpret_cast<uintptr_t>(args.x) % 16 != 0 || reinterpret_cast<uintptr_t>(args.out) % (2 * sizeof(T)) != 0)
         return false;
@@ -395,7 +413,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     auto launch = [&](int config) {
         launchers[static_cast<size_t>(config)](args.map, args.order, args.rows, args.volume, args.x, packed.data(),
                                                args.out, static_cast<int32_t>(x_channels),
-                                               static_cast<int32_t>(y_channels),
+                                               static_cast<int32_t>(y_channels), args.scatter,
                                                kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
     };
     if (index == kEngineAutomatic) {
@@ -404,8 +422,12 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
             all.resize(kEngineConfigCount);
             return all;
         }();
-        const EngineShape shape{"forward",   engine_dtype_name<T>(), x_channels, y_channels,
-                                args.volume, floor_log2(args.rows)};
+        const EngineShape shape{args.scatter ? "scatter" : "forward",
+                                engine_dtype_name<T>(),
+                                x_channels,
+                                y_channels,
+                                args.volume,
+                                floor_log2(args.rows)};
         const TunedConfiguration tuned = tuned_configuration(shape, names, launch, ctx);
         if (tuned.ran) return true;
         index = tuned.index != kEngineAutomatic ? tuned.index : automatic_config(x_channels, y_channels, sizeof(T));

@@ -222,8 +222,8 @@ void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx
 // ---- the tensor-core engine (conv_implicit_gemm.cu) ------------------------------------------------
 
 /// map_convolution in T (float16, bfloat16, or float in TF32) on the implicit-GEMM engine, when it takes
-/// the execution: returns false, having launched nothing, for executions it does not cover (scatter,
-/// more than 64 taps, rows of x not a multiple of 16 bytes, an odd output width, unaligned pointers) or
+/// the execution: returns false, having launched nothing, for executions it does not cover (more than
+/// 64 taps, rows of x not a multiple of 16 bytes, an odd output width, unaligned pointers) or
 /// when the engine is off (force_engine_configuration("off") or SPARSEGRID_CONV_CONFIG=off). The caller
 /// has checked that tensor cores are to be used.
 template <typename T>
@@ -252,8 +252,8 @@ int forced_engine_configuration();
 
 // ---- the tuner (conv_tuner.cu) ---------------------------------------------------------------------
 
-/// What the tuner keys on, with the device's name: the execution ("forward" for the forward pass and the
-/// input gradient, "weight" for the weight gradient), the dtype ("float16", "bfloat16", "tf32"), the
+/// What the tuner keys on, with the device's name: the execution ("forward" for the gathering forward
+/// pass and input gradient, "scatter" for the scatter mode, "weight" for the weight gradient), the dtype ("float16", "bfloat16", "tf32"), the
 /// channel counts, the taps and floor(log2(rows)).
 struct EngineShape {
     const char* kind;
