@@ -161,13 +161,15 @@ fi
 if want engine; then
   # The tensor-core engine: forward and input gradient on every tile configuration against the tiled
   # kernels ("off") and the automatic choice, with each configuration's results compared bitwise.
-  for dtype in float16 bfloat16 tf32; do
+  # SPARSEGRID_ENGINE_DTYPES narrows the dtypes, SPARSEGRID_ENGINE_GATHER=0 skips the gathered runs.
+  for dtype in ${SPARSEGRID_ENGINE_DTYPES:-float16 bfloat16 tf32}; do
     flags="--dtype $dtype"
     [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
     step "engine $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --configs $flags \
       --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
       --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_$dtype.md'"
-    # The fine side of K = S plans gathered (on the engine) instead of scattered (tiled kernels).
+    # The fine side of K = S plans gathered instead of scattered.
+    [ "${SPARSEGRID_ENGINE_GATHER:-1}" = 0 ] && continue
     step "engine $dtype, no scatter" bash -c "SPARSEGRID_CONV_SCATTER=0 '$build/tools/sparsegrid' conv --device cuda \
       $flags --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
       --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_${dtype}_gather.md'"

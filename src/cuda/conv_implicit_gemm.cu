@@ -100,11 +100,15 @@ __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __res
 
 template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
 __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
-                             1) void implicit_gemm_kernel(const int32_t* __restrict__ map,
-                                                          const int32_t* __restrict__ order, int64_t rows,
-                                                          int32_t volume, const T* __restrict__ x,
-                                                          const T* __restrict__ packed, T* __restrict__ out,
-                                                          int32_t x_channels, int32_t y_channels, bool scatter) {
+                             engine_min_blocks(BM / WM * (BN / WN),
+                                               WM* WN)) void implicit_gemm_kernel(const int32_t* __restrict__ map,
+                                                                                  const int32_t* __restrict__ order,
+                                                                                  int64_t rows, int32_t volume,
+                                                                                  const T* __restrict__ x,
+                                                                                  const T* __restrict__ packed,
+                                                                                  T* __restrict__ out,
+                                                                                  int32_t x_channels,
+                                                                                  int32_t y_channels, bool scatter) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: the engine needs compute capability 8.0
 #else

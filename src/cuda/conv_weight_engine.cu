@@ -79,11 +79,13 @@ __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], uint3
 #endif
 
 template <typename T, int BM, int BN, int WM, int WN, int kStages>
-__global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
-                             1) void weight_engine_kernel(const int32_t* __restrict__ map, int64_t rows, int32_t volume,
-                                                          const T* __restrict__ gathered, const T* __restrict__ per_row,
-                                                          float* __restrict__ partial, int32_t a_channels,
-                                                          int32_t b_channels, int64_t rows_per_slot, int32_t tiles_n) {
+__global__ __launch_bounds__(
+    (BM / WM) * (BN / WN) * 32,
+    engine_min_blocks(BM / WM * (BN / WN),
+                      WM* WN)) void weight_engine_kernel(const int32_t* __restrict__ map, int64_t rows, int32_t volume,
+                                                         const T* __restrict__ gathered, const T* __restrict__ per_row,
+                                                         float* __restrict__ partial, int32_t a_channels,
+                                                         int32_t b_channels, int64_t rows_per_slot, int32_t tiles_n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: the engine needs compute capability 8.0
 #else

@@ -48,7 +48,7 @@ def test_every_configuration_and_the_tuner_agree_bitwise(dtype, automatic_engine
     generator = torch.Generator().manual_seed(5)
     shapes = sg.synthetic_shapes(3, 24, seed=5, device="cuda")
     grid = sg.GridBatch.from_ijk(shapes, device="cuda")
-    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1)
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 1, target=grid)
     cin, cout = 40, 24
     x = torch.randn(grid.num_voxels, cin, generator=generator).to("cuda", dtype)
     w = (torch.randn(cout, cin, 3, 3, 3, generator=generator) / 10).to("cuda", dtype)
