@@ -1,5 +1,6 @@
-// Triangle meshes from files, through the Open Asset Import Library (assimp): OBJ, PLY, STL, OFF, glTF
-// and the other formats it reads.
+// Triangle meshes from files: Wavefront OBJ, OFF, STL (ASCII and binary) and PLY (ASCII and binary),
+// read by the library's own parsers (src/api/mesh_formats.cpp), which check every count and index
+// against the file before they use it.
 #pragma once
 
 #include <sparsegrid/types.h>
@@ -15,12 +16,15 @@ struct TriangleMesh {
     std::vector<std::array<int32_t, 3>> faces;  ///< vertex indices
 };
 
-/// True when the library was built with assimp (load_mesh works).
+/// Always true: every build reads the formats of load_mesh (kept for callers that checked it).
 bool mesh_loading_available();
 
-/// Every triangle of the file's scene, with node transforms applied and polygons triangulated
-/// (points and lines are dropped). Throws Error naming the file when it is missing, unreadable,
-/// malformed or holds no triangles, or when the library was built without assimp.
+/// Every triangle of the file, polygons triangulated as fans (points and lines are left out). The format
+/// comes from the extension, in any case: .obj, .off, .ply, .stl; any other is refused with the list.
+/// Throws Error naming the file and the reason when it is missing, unreadable, malformed (a line or
+/// entry is named where that helps), holds a non-finite vertex, an index out of range or no triangle.
+/// STL repeats each triangle's corners (its format shares none); OBJ ignores texture coordinates,
+/// normals, groups and materials.
 TriangleMesh load_mesh(const std::string& path);
 
 }  // namespace sparsegrid
