@@ -473,10 +473,7 @@ def train(rank, world_size, args):
     distributed = world_size > 1
     device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
     shapes = sg.synthetic_shapes(args.shapes, args.resolution, args.seed)
-    if args.meshes and not sg.mesh_loading_available():
-        print(f"note: this build of sparsegrid reads no mesh files (built without assimp): training without "
-            f"{', '.join(args.meshes)}")
-    elif args.meshes:
+    if args.meshes:
         shapes += [mesh_shape(path, args.resolution) for path in args.meshes]
     shapes = [shape.to(device) for shape in shapes]
     encoder, decoder = build_model(args, device)  # identical initial parameters on every rank

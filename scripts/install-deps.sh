@@ -4,7 +4,7 @@ set -euo pipefail
 
 # The PyTorch layer and its tests use Debian's torch (CPU) with its CMake package, pytest, and matplotlib
 # for the training example's figures; the layout test checks the code style with clang-format.
-packages=(build-essential cmake ninja-build ccache libgtest-dev googletest libassimp-dev libtorch-dev python3-torch
+packages=(build-essential cmake ninja-build ccache libgtest-dev googletest libtorch-dev python3-torch
   python3-pytest python3-matplotlib clang-format)
 missing=()
 for package in "${packages[@]}"; do

@@ -389,7 +389,7 @@ def set_convolution_engine_tuning(enabled, file=""):
 
 
 def mesh_loading_available():
-    """True when the library was built with assimp, so that load_mesh reads files."""
+    """Always True: every build reads the formats of load_mesh (kept for code that checked it)."""
     return torch.ops.sparsegrid.mesh_loading_available()
 
 
@@ -399,8 +399,8 @@ def cuda_backend_available():
 
 
 def load_mesh(path):
-    """A triangle mesh file (OBJ, PLY, STL, OFF, glTF, ... through assimp): (vertices [V, 3] float64,
-    faces [F, 3] int32)."""
+    """A triangle mesh file (.obj, .off, .ply, .stl; others are refused): (vertices [V, 3] float64,
+    faces [F, 3] int32). Raises naming the file and the reason for a malformed one."""
     return torch.ops.sparsegrid.load_mesh(str(path))
 
 

@@ -532,9 +532,9 @@ TriangleMesh parse_ply(std::string_view bytes) {
             elements.back().properties.push_back(std::move(property));
         } else if (token == "end_header") {
             ended = true;
-        } else {
-            throw_error(where(), ": unexpected ", quoted(token), " in the header");
         }
+        // Any other header line is a note of the writer (Blender 2.4 wrote "Created by ..." without
+        // "comment"): skipped.
     }
     if (!ended) throw_error("has no 'end_header' line");
     if (!have_format) throw_error("has no 'format' line");

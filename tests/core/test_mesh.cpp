@@ -512,7 +512,6 @@ TEST_F(MeshParity, ManyTinyTrianglesAndOneHugeOne) {
 }
 
 TEST_F(MeshParity, BundledBunny) {
-    if (!sparsegrid::mesh_loading_available()) GTEST_SKIP() << "built without assimp";
     const sparsegrid::TriangleMesh bunny = sparsegrid::load_mesh(std::string(SPARSEGRID_SOURCE_DIR) +
                                                                  "/data/bunny.ply");
     Vec3d lo = bunny.vertices.front(), hi = lo;

@@ -143,12 +143,7 @@ def test_constructors_follow_the_device(cuda_device):
 
 
 def test_from_mesh_on_cuda(cuda_device):
-    if sg.mesh_loading_available():
-        vertices, faces = sg.load_mesh(pathlib.Path(__file__).resolve().parents[2] / "data" / "bunny.ply")
-    else:  # a build without assimp: 500 random triangles, some large, instead of the bunny
-        generator = torch.Generator().manual_seed(3)
-        vertices = torch.rand(300, 3, generator=generator, dtype=torch.float64) * 2 - 1
-        faces = torch.randint(0, 300, (500, 3), generator=generator, dtype=torch.int32)
+    vertices, faces = sg.load_mesh(pathlib.Path(__file__).resolve().parents[2] / "data" / "bunny.ply")
     lo = vertices.min(0).values
     size = float((vertices.max(0).values - lo).max()) / 16
     meshes = [(vertices, faces), (vertices, faces)]

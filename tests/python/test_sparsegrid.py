@@ -214,7 +214,6 @@ def test_from_points_uses_the_voxel_containing_each_point():
         sg.GridBatch.from_points(torch.tensor([[float("nan"), 0.0, 0.0]]), voxel_sizes=1.0)
 
 
-@pytest.mark.skipif(not sg.mesh_loading_available(), reason="this build reads no mesh files (no assimp)")
 def test_bunny_from_mesh(tmp_path):
     import pathlib
     vertices, faces = sg.load_mesh(pathlib.Path(__file__).resolve().parents[2] / "data" / "bunny.ply")
@@ -227,6 +226,10 @@ def test_bunny_from_mesh(tmp_path):
     assert counts[0] > 100 and counts[1] > 3 * counts[0]  # finer voxels, ~4x the surface voxels
     with pytest.raises(RuntimeError, match="missing.ply"):
         sg.load_mesh(tmp_path / "missing.ply")
+    scene = tmp_path / "scene.3ds"
+    scene.write_bytes(b"3ds")
+    with pytest.raises(RuntimeError, match=r"scene\.3ds.*not supported; supported: \.obj, \.off, \.ply, \.stl"):
+        sg.load_mesh(scene)
 
 
 def test_grids_and_plans_report_their_device():
