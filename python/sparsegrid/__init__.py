@@ -291,12 +291,50 @@ class GridBatch:
     def __repr__(self):
         return f"GridBatch(batch_size={self.batch_size}, num_voxels={self.num_voxels}, device={self.device})"
 
+    def __reduce__(self):
+        """Pickling (pickle, torch.save, data-loader workers): the coordinates and member offsets as
+        tensors on the grid's device, and the transforms. Unpickling rebuilds the grid on the device its
+        coordinates load on, with the same voxels in the same order (the order is a function of the
+        coordinate set), so torch.load(..., map_location="cpu") brings a CUDA grid to the CPU. Plans
+        cached on the grid are not saved; they are rebuilt on first use."""
+        return (_restore_grid, (self.ijk, self.joffsets, self.voxel_sizes, self.origins))
+
+    def __copy__(self):
+        return self  # immutable: a copy is the grid itself
+
+    def __deepcopy__(self, memo):
+        return self  # immutable, like a tuple of numbers: copying a model shares its grids
+
+
+def _restore_grid(ijk, joffsets, voxel_sizes, origins):
+    """Unpickles a GridBatch (see GridBatch.__reduce__): a grid from tensors only, so safe to allow in
+    torch.load(weights_only=True)."""
+    if not all(isinstance(t, torch.Tensor) for t in (ijk, joffsets, voxel_sizes, origins)):
+        raise TypeError("GridBatch unpickling: expected four tensors (ijk, joffsets, voxel_sizes, origins)")
+    return GridBatch(_Grid.from_ijk(ijk.contiguous(), joffsets.cpu(), voxel_sizes.cpu().double(),
+                                    origins.cpu().double()))
+
+
+if hasattr(torch.serialization, "add_safe_globals"):
+    # torch.load defaults to weights_only=True from torch 2.6: grids in a checkpoint load there too.
+    torch.serialization.add_safe_globals([_restore_grid])
+
 
 class ConvolutionPlan:
     """The kernel map between two grids and the convolution over it (see convolution.h)."""
 
     def __init__(self, handle):
         self._handle = handle
+
+    def __reduce__(self):
+        raise TypeError("ConvolutionPlan cannot be pickled: pickle its grids (GridBatch pickles) and build the "
+                        "plan again, which is cheap")
+
+    def __copy__(self):
+        return self  # immutable
+
+    def __deepcopy__(self, memo):
+        return self
 
     @staticmethod
     def from_grid(source, kernel_size, stride=1, target=None):
