@@ -58,7 +58,7 @@ struct EngineConfig {
 };
 
 // X(BM, BN, row bytes, WM, WN, stages): every configuration the engine can run; each is compiled for
-// every type and tested against the float64 reference (test_convolution_cuda.cpp).
+// every type and tested for exact results and bitwise agreement (test_convolution_cuda.cpp).
 #define SPARSEGRID_CONV_ENGINE_CONFIGS(X) \
     X(128, 32, 128, 32, 32, 4)            \
     X(64, 64, 128, 32, 32, 4)             \
@@ -409,6 +409,8 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     if (index >= kEngineConfigCount) index = kEngineAutomatic;  // a weight-gradient configuration
     if (index == kEngineOff || args.volume > kMaxEngineTaps || (args.map == nullptr && args.volume != 1)) return false;
     if (x_channels % kElementsPerVector != 0 || y_channels % 2 != 0) return false;
+    // The kernel counts its k steps (taps x chunks) and copies in int: wider rows take the tiled kernels.
+    if (x_channels > kMaxEngineChannels || y_channels > kMaxEngineChannels) return false;
     if (reinterpret_cast<uintptr_t>(args.x) % 16 != 0 || reinterpret_cast<uintptr_t>(args.out) % (2 * sizeof(T)) != 0)
         return false;
     const Buffer<T> packed = pack_engine_weight<T>(args, ctx);

@@ -244,6 +244,9 @@ std::vector<std::string> weight_engine_configurations();
 /// How many of engine_configurations() are forward ones.
 int forward_engine_configuration_count();
 
+/// The widest rows (channels) the engine takes; wider ones take the tiled kernels.
+constexpr int64_t kMaxEngineChannels = 65536;
+
 constexpr int kEngineAutomatic = -1;
 constexpr int kEngineOff = -2;
 /// The configuration forced through force_engine_configuration or else SPARSEGRID_CONV_CONFIG: an

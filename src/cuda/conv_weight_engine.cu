@@ -369,6 +369,7 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
     const int64_t b_channels = rows_are_source ? args.in_channels : args.out_channels;
     constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
     if (a_channels % kElementsPerVector != 0 || b_channels % kElementsPerVector != 0) return false;
+    if (a_channels > kMaxEngineChannels || b_channels > kMaxEngineChannels) return false;
     if (reinterpret_cast<uintptr_t>(gathered) % 16 != 0 || reinterpret_cast<uintptr_t>(per_row) % 16 != 0) return false;
     if (args.rows > INT32_MAX || (args.map == nullptr && args.volume != 1)) return false;
     const cudaStream_t stream = stream_of(ctx);
