@@ -106,14 +106,16 @@ private:
     bool m_flipped = false;                    ///< target rows are the shared maps' second slot
 };
 
-/// The tile configurations of the CUDA tensor-core convolution engine, which runs the forward pass and
-/// the input gradient in float16, bfloat16 and float with TF32 (empty in a build without CUDA). Every
-/// configuration sums each output in the same order (tap, then channel): results are bitwise equal
-/// whichever configuration runs, so the choice only changes speed.
+/// The tile configurations of the CUDA tensor-core convolution engine, which runs the forward pass, the
+/// input gradient and the weight gradient in float16, bfloat16 and float with TF32 (empty in a build
+/// without CUDA): the forward ones (also used for the input gradient) first, then the weight gradient's,
+/// whose names start with "w". Every configuration sums each output over the same groups in the same
+/// order: results are bitwise equal whichever configuration runs, so the choice only changes speed.
 std::vector<std::string> convolution_engine_configurations();
 
-/// For measurements and tests: every following CUDA tensor-core execution of the process runs on the
-/// named configuration; "auto" (the default) restores the automatic choice, "off" runs the tiled
+/// For measurements and tests: every following CUDA tensor-core execution of the process that the named
+/// configuration covers (forward and input gradient, or weight gradient) runs on it, the others on their
+/// automatic choice; "auto" (the default) restores the automatic choice, "off" runs the tiled
 /// kernels the engine replaced. The environment variable SPARSEGRID_CONV_CONFIG takes the same values
 /// and applies while the process has set none here. Raises for any other name, listing the valid ones.
 void set_convolution_engine_configuration(const std::string& name);
