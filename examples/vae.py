@@ -343,6 +343,38 @@ class Progress:
         return [sum(curve[i:i + self.every]) / len(curve[i:i + self.every]) for i in range(0, len(curve), self.every)]
 
 
+def chamfer(predicted, target, chunk=4096):
+    """Per-member symmetric Chamfer distance between the voxel centres of two grid batches, in voxels:
+    the mean distance from each predicted voxel to the nearest target voxel plus the mean from each target
+    voxel to the nearest predicted one, [batch_size] float64 on the CPU (a member with an empty side
+    scores inf)."""
+    out = []
+    p_offsets, t_offsets = predicted.joffsets.tolist(), target.joffsets.tolist()
+    p_ijk, t_ijk = predicted.ijk.float(), target.ijk.float()
+    for m in range(predicted.batch_size):
+        a = p_ijk[p_offsets[m]:p_offsets[m + 1]]
+        b = t_ijk[t_offsets[m]:t_offsets[m + 1]]
+        if a.shape[0] == 0 or b.shape[0] == 0:
+            out.append(float("inf"))
+            continue
+
+        def nearest(x, y):
+            return torch.cat([torch.cdist(x[i:i + chunk], y).min(1).values for i in range(0, x.shape[0], chunk)])
+
+        out.append(float(nearest(a, b).mean() + nearest(b, a).mean()))
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def rotated(ijk, quarter_turns, axes=(0, 1)):
+    """Voxel coordinates turned by quarter turns in the plane of two axes (exact on the grid), shifted back
+    to start at the previous minimum."""
+    ijk = ijk.clone()
+    a, b = axes
+    for _ in range(quarter_turns % 4):
+        ijk[:, a], ijk[:, b] = ijk[:, b].clone(), -ijk[:, a]
+    return ijk - ijk.min(0).values + 1
+
+
 def mesh_shape(path, resolution):
     """The surface voxels of a mesh scaled to fit [1, resolution - 1)^3."""
     vertices, faces = sg.load_mesh(path)
@@ -383,6 +415,8 @@ def parse_args(argv=None):
     parser.add_argument("--meshes", nargs="*", default=[str(ROOT / "data" / "bunny.ply")],
                         help="mesh files added to the training set")
     parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--held-out", type=int, default=16,
+                        help="procedural shapes of another seed, never trained on, to evaluate on")
     parser.add_argument("--channels", type=int, nargs=LEVELS, default=[8, 16, 32, 32])
     parser.add_argument("--latent", type=int, default=32)
     # The BCE is a mean per voxel and the KL a sum over the latent per shape: at 1e-3 the KL outweighed
@@ -526,19 +560,63 @@ def train(rank, world_size, args):
         return
     encoder.eval()
     decoder.eval()
-    with torch.no_grad():
-        shown = list(range(min(args.batch, 6))) + list(range(args.shapes, len(shapes)))
-        target = sg.GridBatch.from_ijk([shapes[i] for i in shown])
-        mean, _ = encoder(snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=device)))
-        grid, occupied, _ = decoder(mean)
-        predicted = grid.pruned_grid(occupied)
-        scores = iou(predicted, target)
+    shown = list(range(min(args.batch, 6))) + list(range(args.shapes, len(shapes)))
+    target, predicted, scores, distances = reconstruct(encoder, decoder, [shapes[i] for i in shown], device)
+    # Shapes never trained on: procedural shapes of another seed, and the meshes turned a quarter turn.
+    held_out = sg.synthetic_shapes(args.held_out, args.resolution, args.seed + 7919)
+    held_out += [rotated(mesh_shape(path, args.resolution), 1) for path in args.meshes]
+    held_target, held_predicted, held_scores, held_distances = reconstruct(
+        encoder, decoder, [shape.to(device) for shape in held_out], device)
     windows = progress.window_means()
     print(f"loss: first window {windows[0]:.4f}, last window {windows[-1]:.4f}")
-    print("reconstruction IoU (procedural shapes, then meshes): " + " ".join(f"{v:.2f}" for v in scores.tolist())
-          + f" (mean {scores.mean():.3f})")
+    print("reconstruction IoU on training shapes (procedural, then meshes): "
+          + " ".join(f"{v:.2f}" for v in scores.tolist()) + f" (mean {scores.mean():.3f}); Chamfer "
+          + chamfer_summary(distances))
+    procedural = held_scores[:args.held_out]
+    print(f"held-out reconstruction ({args.held_out} procedural shapes of another seed, "
+          f"{len(args.meshes)} meshes turned a quarter turn): IoU mean {held_scores.mean():.3f} "
+          f"(procedural {procedural.mean():.3f}, min {procedural.min():.2f}; meshes "
+          + (" ".join(f"{v:.2f}" for v in held_scores[args.held_out:].tolist()) or "none")
+          + "), Chamfer " + chamfer_summary(held_distances))
     if args.output:
         write_figures(pathlib.Path(args.output), progress.curve(), target, predicted, scores, teacher_iterations)
+        pick = (list(range(min(6, args.held_out))) + list(range(args.held_out, held_target.batch_size)))[:8]
+        write_held_out_figure(pathlib.Path(args.output), held_target, held_predicted, held_scores, pick)
+
+
+def chamfer_summary(distances):
+    """Mean Chamfer distance over the members with a prediction, and how many had none."""
+    finite = distances[torch.isfinite(distances)]
+    empty = distances.numel() - finite.numel()
+    mean = f"mean {finite.mean():.2f} voxels" if finite.numel() else "undefined"
+    return mean + (f" ({empty} of {distances.numel()} predictions empty)" if empty else "")
+
+
+def reconstruct(encoder, decoder, shapes, device, batch=16):
+    """The decoder's voxels from the encoder's mean latent, in batches: (target, predicted, IoU, Chamfer)."""
+    targets, predictions, scores, distances = [], [], [], []
+    with torch.no_grad():
+        for start in range(0, len(shapes), batch):
+            target = sg.GridBatch.from_ijk(shapes[start:start + batch])
+            mean, _ = encoder(snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=device)))
+            grid, occupied, _ = decoder(mean)
+            predicted = grid.pruned_grid(occupied)
+            targets.append(target)
+            predictions.append(predicted)
+            scores.append(iou(predicted, target))
+            distances.append(chamfer(predicted, target))
+    return (merge(targets), merge(predictions), torch.cat(scores), torch.cat(distances))
+
+
+def merge(grids):
+    """One grid batch of the members of several (same device)."""
+    if len(grids) == 1:
+        return grids[0]
+    members = []
+    for grid in grids:
+        offsets = grid.joffsets.tolist()
+        members += [grid.ijk[offsets[m]:offsets[m + 1]] for m in range(grid.batch_size)]
+    return sg.GridBatch.from_ijk(members)
 
 
 def figures_available():
@@ -573,31 +651,74 @@ def plot_loss(path, curve, label, teacher_iterations=0):
     plt.close(fig)
 
 
-def render_rows(path, rows, scores, scored_row):
-    """One row of 3D voxel renders per (grid, title) in rows, one column per member; the IoU scores are
-    printed under the members of row scored_row."""
+def shaded_image(ijk, lo, size, scale=3):
+    """An RGB image (numpy, float in [0, 1]) of voxels seen from +k: each pixel the nearest voxel along k,
+    lit by the normal of that depth map (Lambert, with a depth cue), each voxel a scale x scale cell with
+    a darker rim, so that the cubes show. ijk: [N, 3] integer coordinates, lo: their box's lower corner,
+    size: its extent."""
+    import numpy as np
+
+    p = (ijk - lo).numpy().astype(np.int64)
+    depth = np.full((size, size), -np.inf)
+    if p.shape[0]:
+        np.maximum.at(depth, (size - 1 - p[:, 1], p[:, 0]), p[:, 2].astype(np.float64))
+    occupied = np.isfinite(depth)
+    if not occupied.any():
+        return np.ones((size * scale, size * scale, 3))
+    filled = np.where(occupied, depth, depth[occupied].min() - 2.0)
+    gy, gx = np.gradient(filled)
+    normal = np.stack([-gx, gy, np.ones_like(gx)], axis=-1)
+    normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
+    light = np.array([-0.45, 0.55, 0.70])
+    lambert = np.clip(normal @ (light / np.linalg.norm(light)), 0.0, 1.0)
+    near = (filled - filled[occupied].min()) / max(1.0, np.ptp(filled[occupied]))
+    shade = 0.22 + 0.78 * lambert * (0.65 + 0.35 * near)
+    base = np.array([0.30, 0.52, 0.78])
+    cell = np.ones((scale, scale))
+    cell[0, :] = cell[:, 0] = 0.8  # the rim of each voxel's face
+    image = np.kron(shade, cell)[..., None] * base
+    inside = np.kron(occupied, np.ones((scale, scale), dtype=bool))
+    image[~inside] = 1.0
+    return image
+
+
+def render_rows(path, rows, scores, scored_row, members=None):
+    """One row of shaded voxel renders per (grid, title) in rows, one column per member (all, or the
+    given indices), members seen from +k in one box per column; the IoU scores are printed under the
+    members of row scored_row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    count = rows[0][0].batch_size
-    fig = plt.figure(figsize=(2.6 * count, 2.6 * len(rows)))
-    for row, (grid, title) in enumerate(rows):
-        offsets = grid.joffsets.tolist()
-        ijk = grid.ijk.cpu()
-        for m in range(count):
-            ax = fig.add_subplot(len(rows), count, row * count + m + 1, projection="3d")
-            points = ijk[offsets[m]:offsets[m + 1]].float()
-            if points.shape[0]:
-                ax.scatter(points[:, 0], points[:, 1], points[:, 2], s=2, c=points[:, 2], cmap="viridis",
-                           marker="s", linewidths=0)
+    members = list(range(rows[0][0].batch_size)) if members is None else members
+    slices = []
+    for grid, _ in rows:
+        offsets, ijk = grid.joffsets.tolist(), grid.ijk.cpu()
+        slices.append([ijk[offsets[m]:offsets[m + 1]] for m in members])
+    fig = plt.figure(figsize=(2.4 * len(members), 2.5 * len(rows)))
+    for column, m in enumerate(members):
+        present = [row[column] for row in slices if row[column].shape[0]]
+        both = torch.cat(present) if present else torch.zeros(1, 3, dtype=torch.int32)
+        lo = both.min(0).values
+        size = int((both.max(0).values - lo).max()) + 1
+        for row, (_, title) in enumerate(rows):
+            ax = fig.add_subplot(len(rows), len(members), row * len(members) + column + 1)
+            ax.imshow(shaded_image(slices[row][column], lo, size), interpolation="nearest")
             ax.set_title(f"{title} {m}" + (f"\nIoU {scores[m]:.2f}" if row == scored_row else ""), fontsize=8)
             ax.set_axis_off()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def write_held_out_figure(directory, target, predicted, scores, members):
+    if not figures_available():
+        return
+    render_rows(directory / "held_out.png", [(target, "held-out input"), (predicted, "reconstruction")], scores, 1,
+                members)
+    print(f"wrote {directory / 'held_out.png'}")
 
 
 def write_figures(directory, curve, target, predicted, scores, teacher_iterations=0):

@@ -60,6 +60,7 @@ if [ "$device" = cuda ]; then
   defaults=(--device cuda --batch 16 --resolution 64 --shapes 256 --iterations 1000 --print-every 50)
 else
   defaults=(--device cpu --batch 8 --resolution 32 --shapes 64 --iterations 500 --print-every 50)
+  echo "run.sh: no GPU: the small configuration (batch 8, resolution 32, 500 iterations) on the CPU"
 fi
 echo "run.sh: $python (torch $("$python" -c 'import torch; print(torch.__version__)')), $device"
 exec "$python" "$root/examples/vae.py" "${defaults[@]}" --output "$root/out/vae" "$@"

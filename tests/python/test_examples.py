@@ -35,11 +35,31 @@ def run_example(*args, script="vae.py"):
 @pytest.mark.parametrize("device", DEVICES)
 def test_vae_trains_and_writes_figures(tmp_path, device):
     out = run_example("--device", device, "--iterations", "4", "--print-every", "2", "--batch", "2", "--shapes", "4",
-                      "--output", str(tmp_path))
+                      "--held-out", "3", "--output", str(tmp_path))
     assert f"shape VAE on {device}" in out
     assert "iteration     4/4" in out and "topology+plans" in out and "reconstruction IoU" in out
+    assert "held-out reconstruction (3 procedural shapes of another seed, 1 meshes turned a quarter turn)" in out
     assert (tmp_path / "loss.png").stat().st_size > 0
     assert (tmp_path / "reconstructions.png").stat().st_size > 0
+    assert (tmp_path / "held_out.png").stat().st_size > 0
+
+
+def test_evaluation_helpers():
+    one = sg.GridBatch.from_ijk([torch.tensor([[0, 0, 0]]), torch.tensor([[1, 1, 1], [2, 1, 1]])])
+    other = sg.GridBatch.from_ijk([torch.tensor([[3, 4, 0]]), torch.tensor([[1, 1, 1], [2, 1, 1]])])
+    assert vae.chamfer(one, other).tolist() == [10.0, 0.0]  # 5 voxels each way; identical
+    empty = sg.GridBatch.from_ijk([torch.zeros(0, 3, dtype=torch.int32), torch.tensor([[0, 0, 0]])])
+    distances = vae.chamfer(empty, one)
+    assert distances[0] == float("inf") and distances[1] == 0.0
+    assert "1 of 2 predictions empty" in vae.chamfer_summary(distances)
+    shape = sg.synthetic_shapes(1, 16, seed=2)[0]
+    turned = vae.rotated(shape, 1)
+    assert not torch.equal(turned, shape - shape.min(0).values + 1)
+    back = vae.rotated(turned, 3)
+    assert set(map(tuple, back.tolist())) == set(map(tuple, (shape - shape.min(0).values + 1).tolist()))
+    image = vae.shaded_image(shape, shape.min(0).values, 16, scale=3)
+    assert image.shape == (48, 48, 3) and image.min() >= 0.0 and image.max() <= 1.0
+    assert (image == 1.0).all(axis=-1).any() and (image < 1.0).any()  # background and lit voxels
 
 
 def test_vae_data_parallel_keeps_replicas_identical():
