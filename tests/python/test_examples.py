@@ -49,7 +49,7 @@ def test_evaluation_helpers():
     other = sg.GridBatch.from_ijk([torch.tensor([[3, 4, 0]]), torch.tensor([[1, 1, 1], [2, 1, 1]])])
     assert vae.chamfer(one, other).tolist() == [10.0, 0.0]  # 5 voxels each way; identical
     empty = sg.GridBatch.from_ijk([torch.zeros(0, 3, dtype=torch.int32), torch.tensor([[0, 0, 0]])])
-    distances = vae.chamfer(empty, one)
+    distances = vae.chamfer(empty, sg.GridBatch.from_ijk([torch.tensor([[0, 0, 0]])] * 2))
     assert distances[0] == float("inf") and distances[1] == 0.0
     assert "1 of 2 predictions empty" in vae.chamfer_summary(distances)
     shape = sg.synthetic_shapes(1, 16, seed=2)[0]
