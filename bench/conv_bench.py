@@ -9,6 +9,12 @@ Timing: median of --repeats runs after --warmup (CUDA events on a GPU, perf_coun
 follows as torch.mm does: sparsegrid, the per-tap ops and the GEMM then all run on TF32 tensor cores.
 Dense conv3d follows torch.backends.cudnn.allow_tf32 instead (PyTorch's default: allowed).
 
+--passes adds the forward pass, the input gradient and the weight gradient each on its own (through the
+plan's own entry points, no autograd), with their rates in TFLOP/s counted over the map's edges
+(2 x edges x Cin x Cout per pass) and as a fraction of the dense tensor-core peak of an H200 (989 TFLOP/s
+float16 / bfloat16, 495 TF32, 67 float32), next to the equal-FLOP GEMM; --no-baselines skips the per-tap
+and dense comparisons (slow at wide channels).
+
 Per-layer host overhead: on a small grid (so that the device is never the bottleneck), the host time
 of building a k3s1 plan on existing grids and executing it, per layer, averaged over many layers queued
 without synchronisation.
@@ -134,6 +140,40 @@ def host_overhead_us(device, dtype, layers=300):
     return result
 
 
+# Dense peaks of one H200 (datasheet, TFLOP/s), for the fraction-of-peak columns.
+PEAK_TFLOPS = {"float16": 989.0, "bfloat16": 989.0, "tf32": 495.0, "float32": 67.0, "float64": 34.0}
+
+
+def pass_rows(args, measure, layer, plan, channels, edges, dtype, device, peak):
+    """The forward pass, input gradient and weight gradient on their own, against an equal-FLOP GEMM."""
+    handle = plan._handle
+    k = round(plan.target_map().shape[1] ** (1 / 3))
+    x = torch.randn(plan.source_grid.num_voxels, channels, dtype=dtype, device=device)
+    w = torch.randn(channels, channels, k, k, k, dtype=dtype, device=device) / channels
+    g = torch.randn(plan.target_grid.num_voxels, channels, dtype=dtype, device=device)
+    a = torch.randn(edges, channels, dtype=dtype, device=device)
+    b = torch.randn(channels, channels, dtype=dtype, device=device)
+    flops = 2.0 * edges * channels * channels
+    gemm = measure(lambda: a @ b, args.repeats, args.warmup)
+    rows = []
+    total = 0.0
+    for name, fn in (("forward", lambda: handle.forward(x, w)), ("input gradient", lambda: handle.backward_input(g, w)),
+                     ("weight gradient", lambda: handle.backward_weight(x, g))):
+        ms = measure(fn, args.repeats, args.warmup)
+        total += ms
+        rows.append((name, ms, flops))
+    rows.append(("forward+backward", total, 3 * flops))
+    out = []
+    for name, ms, work in rows:
+        gemm_ms = gemm * work / flops
+        rate = work / ms / 1e9
+        out.append({"layer": layer, "channels": channels, "pass": name, "edges": edges, "sparsegrid_ms": ms,
+                    "tflops": rate, "peak_fraction": rate / peak, "gemm_ms": gemm_ms})
+        print(f"| {layer} | {channels} | {name} | {ms:.3f} | {rate:.2f} | {100 * rate / peak:.1f}% | {gemm_ms:.3f} | "
+              f"{ms / gemm_ms:.2f}x |")
+    return out
+
+
 def run(args):
     device = torch.device(args.device)
     measure = timer(device)
@@ -145,10 +185,24 @@ def run(args):
     print(f"sparsegrid conv benchmark: {grid.batch_size} members, {grid.num_voxels} voxels, device {device}, "
           f"dtype {precision}, median of {args.repeats} runs after {args.warmup} warm-up runs")
     rows = []
+    if args.passes:
+        peak = PEAK_TFLOPS["tf32" if args.tf32 and args.dtype == "float32" else args.dtype]
+        header = ("layer", "C", "pass", "sparsegrid ms", "TFLOP/s", f"of peak ({peak:.0f})", "GEMM ms", "vs GEMM")
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for channels in args.channels:
+            for layer, (k, s, transposed) in {"k3s1 submanifold": (3, 1, False),
+                                              "k2s2 transposed": (2, 2, True)}.items():
+                plan = (sg.ConvolutionPlan.from_grid_transposed(grid, k, s) if transposed
+                        else sg.ConvolutionPlan.from_grid(grid, k, s, grid))
+                edges = int((plan.target_map() >= 0).sum())
+                rows += pass_rows(args, measure, layer, plan, channels, edges, dtype, device, peak)
+        print()
     header = ("layer", "C", "pass", "sparsegrid ms", "per-tap ms", "dense ms", "GEMM ms", "vs GEMM")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for channels in args.channels:
+    if args.baselines:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+    for channels in args.channels if args.baselines else []:
         for layer, (k, s, transposed) in {"k3s1 submanifold": (3, 1, False), "k2s2 transposed": (2, 2, True)}.items():
             if transposed:
                 plan = sg.ConvolutionPlan.from_grid_transposed(grid, k, s)
@@ -190,11 +244,13 @@ def run(args):
                 print(f"| {layer} | {channels} | {mode} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | "
                       f"{gemm:.3f} | {times[0] / gemm:.2f}x |")
             del canvas
-    parts = host_overhead_us(device, dtype)
-    overhead = parts["plan + execute (the layer)"]
-    print(f"host overhead per layer (k3s1 plan on existing grids + execute, from Python): {overhead:.1f} us")
-    for name, value in parts.items():
-        print(f"  {name}: {value if isinstance(value, dict) else f'{value:.1f}'}")
+    parts, overhead = {}, None
+    if args.host_overhead:
+        parts = host_overhead_us(device, dtype)
+        overhead = parts["plan + execute (the layer)"]
+        print(f"host overhead per layer (k3s1 plan on existing grids + execute, from Python): {overhead:.1f} us")
+        for name, value in parts.items():
+            print(f"  {name}: {value if isinstance(value, dict) else f'{value:.1f}'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": str(device), "dtype": args.dtype, "tf32": args.tf32, "voxels": grid.num_voxels, "rows": rows,
@@ -214,6 +270,12 @@ def main():
     parser.add_argument("--json", default=None, help="also write the rows as JSON")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--passes", action="store_true",
+                        help="each pass on its own, with TFLOP/s and the fraction of the dense peak")
+    parser.add_argument("--no-baselines", dest="baselines", action="store_false",
+                        help="skip the per-tap torch and dense conv3d comparisons")
+    parser.add_argument("--no-host-overhead", dest="host_overhead", action="store_false",
+                        help="skip the per-layer host overhead measurement")
     run(parser.parse_args())
 
 

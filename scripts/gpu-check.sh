@@ -6,9 +6,10 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv engine train vae baseline (default: all but engine and
-#   baseline, in that order; engine sweeps the tensor-core configurations, baseline compares with
-#   another tree, see below). The
+#   PHASE: build test python memcheck bench conv engine passes train vae baseline (default: all but
+#   engine, passes and baseline, in that order; engine sweeps the tensor-core configurations, passes
+#   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
+#   with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
 #   to date, so "conv train" on a warm build folder goes straight to the benchmarks.
 # Writes into OUT_DIR two files: gpu-check.log (every step's output and a PASS/FAIL summary) and
@@ -176,6 +177,20 @@ if want engine; then
     step "engine $dtype, no scatter" bash -c "SPARSEGRID_CONV_SCATTER=0 '$build/tools/sparsegrid' conv --device cuda \
       $flags --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
       --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_${dtype}_gather.md'"
+  done
+fi
+if want passes && [ $have_layer = 1 ]; then
+  # Each pass on its own through the PyTorch layer, with TFLOP/s, the fraction of the dense peak and the
+  # equal-FLOP torch.mm, at 16, 32 and 48 members and C = 32 to 256, in every dtype.
+  for members in ${SPARSEGRID_PASSES_MEMBERS:-16 32 48}; do
+    for dtype in float16 bfloat16 tf32 float32; do
+      flags="--dtype $dtype"
+      [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
+      step "passes b$members $dtype" "${pyenv[@]}" bash -c "python3 '$root/bench/conv_bench.py' --device cuda \
+        --members $members --channels 32 64 128 256 $flags --passes --no-baselines --no-host-overhead \
+        --repeats 20 --warmup 5 --input '$root/data/reference_batch_r64.txt' \
+        --json '$out/passes_b${members}_$dtype.json' | tee '$out/passes_b${members}_$dtype.md'"
+    done
   done
 fi
 if want train && [ $have_layer = 1 ]; then
