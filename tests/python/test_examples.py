@@ -142,3 +142,18 @@ def test_conv_benchmark_writes_table_and_json(tmp_path, device):
     assert parts["plan only"] > 0 and parts["execute only (existing plan)"] > 0
     if device == "cuda":
         assert parts["device launches per layer"] > 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_benchmark_times_each_pass(tmp_path, device):
+    path = tmp_path / "passes.json"
+    out = run_script("bench/conv_bench.py", "--device", device, "--members", "2", "--channels", "8", "16",
+                     "--repeats", "1", "--warmup", "1", "--passes", "--no-baselines", "--no-host-overhead",
+                     "--json", str(path))
+    assert "| k3s1 submanifold | 8 | weight gradient |" in out and "host overhead" not in out
+    rows = json.loads(path.read_text())["rows"]
+    passes = ["forward", "input gradient", "weight gradient", "forward+backward"]
+    assert [(row["layer"], row["channels"], row["pass"]) for row in rows] == [
+        (layer, c, p) for c in (8, 16) for layer in ("k3s1 submanifold", "k2s2 transposed") for p in passes]
+    for row in rows:
+        assert row["sparsegrid_ms"] > 0 and row["gemm_ms"] > 0 and row["tflops"] > 0 and row["peak_fraction"] > 0
