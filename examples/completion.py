@@ -2,7 +2,9 @@
 away) to the full shape. The network is the VAE's encoder and generative decoder without the sampling:
 the code of the partial input is decoded level by level, generating and pruning the topology, with the
 full shape's voxels kept as well in the first --teacher-forcing part of training (as in vae.py, with the
-same per-level loss and cosine learning-rate decay).
+same per-level loss and cosine learning-rate decay). A completion keeps the input's voxels (they are
+observed) and adds the decoder's. It is scored on training shapes and on --held-out shapes of another
+seed, cut by other planes, against the partial inputs' own IoU.
 
 Runs on --device (auto: CUDA when torch sees a GPU). Prints a progress line with the loss and the
 per-iteration time split (vae.StepProfiler) and the completion IoU against the full shapes; with
@@ -43,6 +45,34 @@ def cut(grid, generator, tries=8):
     return grid.pruned_grid(above.gather(1, choice[member].unsqueeze(1)).squeeze(1))
 
 
+def unit_voxels(grid):
+    """The grid's voxels with the inputs' transform (voxel size 1, origin 0): the decoder's grids carry
+    the transform of its seed cube, and merged grids must share one."""
+    offsets = grid.joffsets.tolist()
+    return sg.GridBatch.from_ijk([grid.ijk[offsets[m]:offsets[m + 1]] for m in range(grid.batch_size)])
+
+
+def complete(encoder, decoder, shapes, seed, device, batch=16):
+    """Cuts the shapes, completes them and scores both: (full, partial, completed, completion IoU, partial
+    IoU). A completion keeps its input's voxels (they are observed) and adds the decoder's."""
+    generator = torch.Generator().manual_seed(seed)
+    parts = {"full": [], "partial": [], "completed": []}
+    scores, partial_scores = [], []
+    with torch.no_grad():
+        for start in range(0, len(shapes), batch):
+            full = sg.GridBatch.from_ijk(shapes[start:start + batch])
+            partial = cut(full, generator)
+            code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
+            grid, occupied, _ = decoder(code)
+            completed = unit_voxels(grid.pruned_grid(occupied)).merged_grid(partial)
+            scores.append(vae.iou(completed, full))
+            partial_scores.append(vae.iou(partial, full))
+            for name, grid_batch in (("full", full), ("partial", partial), ("completed", completed)):
+                parts[name].append(grid_batch)
+    return (vae.merge(parts["full"]), vae.merge(parts["partial"]), vae.merge(parts["completed"]), torch.cat(scores),
+            torch.cat(partial_scores))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Shape completion on sparse voxel grids")
     vae.add_device_argument(parser)
@@ -60,6 +90,7 @@ def main(argv=None):
                         help="the fraction of the iterations, the first ones, in which the decoder also keeps "
                         "the full shape's voxels at each level")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--held-out", type=int, default=16, help="shapes of another seed to evaluate on")
     parser.add_argument("--print-every", type=int, default=20)
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
                         help="print only the total time per iteration (no per-call timing spans)")
@@ -98,17 +129,17 @@ def main(argv=None):
 
     encoder.eval()
     decoder.eval()
-    with torch.no_grad():
-        full = sg.GridBatch.from_ijk([shapes[i] for i in range(min(args.batch, 6))])
-        partial = cut(full, torch.Generator().manual_seed(args.seed))
-        code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
-        grid, occupied, _ = decoder(code)
-        completed = grid.pruned_grid(occupied)
-        scores = vae.iou(completed, full)
-        partial_scores = vae.iou(partial, full)
+    full, partial, completed, scores, partial_scores = complete(
+        encoder, decoder, [shapes[i] for i in range(min(args.batch, 6))], args.seed, device)
     print("IoU with the full shapes: partial inputs " + " ".join(f"{v:.2f}" for v in partial_scores.tolist())
           + f" (mean {partial_scores.mean():.3f}); completions " + " ".join(f"{v:.2f}" for v in scores.tolist())
           + f" (mean {scores.mean():.3f})")
+    # Shapes never trained on (another seed), cut by planes never seen either.
+    held_out = [shape.to(device) for shape in sg.synthetic_shapes(args.held_out, args.resolution, args.seed + 7919)]
+    _, _, _, held_scores, held_partial = complete(encoder, decoder, held_out, args.seed + 1, device)
+    print(f"held-out ({args.held_out} shapes of another seed): IoU with the full shapes: partial inputs mean "
+          f"{held_partial.mean():.3f}; completions mean {held_scores.mean():.3f} (better than the input on "
+          f"{int((held_scores > held_partial).sum())} of {args.held_out})")
     if args.output:
         directory = pathlib.Path(args.output)
         if not vae.figures_available():

@@ -81,9 +81,9 @@ def test_vae_data_parallel_on_two_gpus_uses_nccl():
 @pytest.mark.parametrize("device", DEVICES)
 def test_completion_trains_and_writes_figures(tmp_path, device):
     out = run_example("--device", device, "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
-                      "--output", str(tmp_path), script="completion.py")
+                      "--held-out", "3", "--output", str(tmp_path), script="completion.py")
     assert f"shape completion on {device}" in out
-    assert "IoU with the full shapes" in out
+    assert "IoU with the full shapes" in out and "held-out (3 shapes of another seed)" in out
     assert (tmp_path / "completions.png").stat().st_size > 0
 
 
