@@ -396,7 +396,7 @@ TriangleMesh parse_off(std::string_view text) {
     }
     const int64_t vertices = counts[0], faces = counts[1];
     if (vertices > INT32_MAX) throw_error("declares ", vertices, " vertices, more than 2^31 - 1");
-    if (vertices + faces > lines.remaining())
+    if (faces > lines.remaining() - vertices)
         throw_error("declares ", vertices, " vertices and ", faces, " faces, more than its remaining ",
                     lines.remaining(), " lines hold");
     for (int64_t v = 0; v < vertices; ++v) {
@@ -570,6 +570,7 @@ TriangleMesh parse_ply(std::string_view bytes) {
             have_vertices = true;
             vertex_total = element.count;
         }
+        if (element.properties.empty()) continue;  // no data, whatever its count says
         const std::string what = "element '" + element.name + "'";
         for (int64_t i = 0; i < element.count; ++i) {
             double c[3] = {0.0, 0.0, 0.0};

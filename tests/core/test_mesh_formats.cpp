@@ -188,6 +188,14 @@ TEST(MeshFormats, MalformedFilesRaiseWithTheReason) {
     EXPECT_TRUE(raises(MeshFormat::Ply, "ply\nformat ascii 1.0\nelement vertex 1\nproperty float x\nend_header\n0\n",
                        {"lacks one of the properties x, y, z"}));
     EXPECT_TRUE(raises(MeshFormat::Ply, "ply\nformat ascii 1.0\n", {"no 'end_header'"}));
+    // An element without properties holds no data whatever its count: skipped at once.
+    EXPECT_EQ(
+        parse_mesh(MeshFormat::Ply,
+                   "ply\nformat ascii 1.0\nelement nothing 999999999999999\n" +
+                       header.substr(std::string("ply\nformat ascii 1.0\n").size()) + "0 0 0\n1 0 0\n0 1 0\n3 0 1 2\n")
+            .faces.size(),
+        1u);
+    EXPECT_TRUE(raises(MeshFormat::Off, "OFF\n3 9223372036854775807 0\n0 0 0\n", {"remaining 1 lines"}));
     EXPECT_TRUE(raises(MeshFormat::Ply, "ply\nformat binary 1.0\nend_header\n", {"header line 2", "unknown format"}));
     std::string truncated = binary_ply(false);
     truncated.resize(truncated.size() - 3);
