@@ -6,8 +6,8 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv engine passes train vae baseline (default: all but
-#   engine, passes and baseline, in that order; engine sweeps the tensor-core configurations, passes
+#   PHASE: build test python memcheck bench conv engine passes wheel train vae baseline (default: all
+#   but engine, passes, wheel and baseline, in that order; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
 #   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
 #   with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
@@ -192,6 +192,18 @@ if want passes && [ $have_layer = 1 ]; then
         --json '$out/passes_b${members}_$dtype.json' | tee '$out/passes_b${members}_$dtype.md'"
     done
   done
+fi
+if want wheel; then
+  # pip wheel through scikit-build-core against this machine's torch, installed into a fresh virtual
+  # environment (with the system's packages for torch), imported from outside the tree and run on CUDA.
+  wheel_dir="$build/wheel" venv="$build/wheel-venv"
+  rm -rf "$wheel_dir" "$venv"
+  step "wheel build" python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir" "$root" \
+    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${SPARSEGRID_CUDA_ARCHS}" -C build-dir="$build/wheel-build"
+  step "wheel install" bash -c "python3 -m venv --system-site-packages '$venv' && '$venv/bin/pip' install --no-deps \
+    '$wheel_dir'/sparsegrid-*.whl"
+  step "wheel import and convolve" bash -c "cd / && env -u SPARSEGRID_TORCH_LIBRARY -u PYTHONPATH \
+    '$venv/bin/python' '$root/scripts/wheel_smoke.py'"
 fi
 if want train && [ $have_layer = 1 ]; then
   step "train step" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' --device cuda \
