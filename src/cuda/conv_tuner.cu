@@ -9,6 +9,7 @@
 #include "cuda/cuda_common.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -36,6 +37,11 @@ struct Tuner {
     bool enabled = false;
     std::string file;
     std::map<std::string, std::string> choices;  // shape text -> configuration name
+    /// Read without the mutex on every execution: 0 once configured with tuning off and no choice (the
+    /// common case skips the lock), 1 otherwise, -1 before the environment is read.
+    std::atomic<int> active{-1};
+
+    void update_active() { active.store(enabled || !choices.empty() ? 1 : 0, std::memory_order_release); }
 
     void load_file() {
         std::ifstream in(file);
@@ -91,13 +97,16 @@ void set_engine_tuning(bool enabled, const std::string& file) {
     t.file = file;
     t.choices.clear();
     if (!file.empty()) t.load_file();
+    t.update_active();
 }
 
 TunedConfiguration tuned_configuration(const EngineShape& shape, const std::vector<std::string>& names,
                                        const std::function<void(int)>& run, const Context& ctx) {
     Tuner& t = tuner();
+    if (t.active.load(std::memory_order_acquire) == 0) return {kEngineAutomatic, false};
     std::lock_guard<std::mutex> lock(t.mutex);
     t.configure_from_environment();
+    t.update_active();
     if (!t.enabled && t.choices.empty()) return {kEngineAutomatic, false};
     static std::map<int, std::string> names_by_device;  // device index -> name, under the tuner's mutex
     auto known = names_by_device.find(ctx.device.index);
