@@ -375,6 +375,17 @@ def rotated(ijk, quarter_turns, axes=(0, 1)):
     return ijk - ijk.min(0).values + 1
 
 
+def symmetric_copy(ijk, resolution, generator):
+    """The shape under one of the 48 symmetries of the cube (axes permuted, each flipped or not: exact on
+    the grid), centred in [0, resolution)^3. Training on these augments the data without new shapes."""
+    permutation = torch.randperm(3, generator=generator).tolist()
+    flips = torch.randint(0, 2, (3,), generator=generator).tolist()
+    out = ijk[:, permutation]
+    out = torch.stack([-out[:, a] if flips[a] else out[:, a] for a in range(3)], dim=1)
+    lo, hi = out.min(0).values, out.max(0).values
+    return (out - lo + torch.div(resolution - 1 - (hi - lo), 2, rounding_mode="floor")).to(ijk.dtype)
+
+
 def mesh_shape(path, resolution):
     """The surface voxels of a mesh scaled to fit [1, resolution - 1)^3."""
     vertices, faces = sg.load_mesh(path)
@@ -415,6 +426,8 @@ def parse_args(argv=None):
     parser.add_argument("--meshes", nargs="*", default=[str(ROOT / "data" / "bunny.ply")],
                         help="mesh files added to the training set")
     parser.add_argument("--iterations", type=int, default=300)
+    parser.add_argument("--augment", action="store_true",
+                        help="train on a random cube symmetry of each shape (axes permuted and flipped)")
     parser.add_argument("--held-out", type=int, default=16,
                         help="procedural shapes of another seed, never trained on, to evaluate on")
     parser.add_argument("--channels", type=int, nargs=LEVELS, default=[8, 16, 32, 32])
@@ -537,7 +550,10 @@ def train(rank, world_size, args):
             synchronize(device)
             start = time.perf_counter()
         pick = torch.randint(0, len(shapes), (args.batch,), generator=sampler).tolist()
-        target = sg.GridBatch.from_ijk([shapes[i] for i in pick])
+        members = [shapes[i] for i in pick]
+        if args.augment:
+            members = [symmetric_copy(shape, args.resolution, sampler) for shape in members]
+        target = sg.GridBatch.from_ijk(members)
         progress.step(*vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler,
                                 keep_targets=iteration < teacher_iterations))
         schedule.step()

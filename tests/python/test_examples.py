@@ -57,6 +57,15 @@ def test_evaluation_helpers():
     assert not torch.equal(turned, shape - shape.min(0).values + 1)
     back = vae.rotated(turned, 3)
     assert set(map(tuple, back.tolist())) == set(map(tuple, (shape - shape.min(0).values + 1).tolist()))
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(8):
+        copy = vae.symmetric_copy(shape, 16, generator)
+        assert copy.dtype == shape.dtype and copy.shape == shape.shape
+        assert int(copy.min()) >= 0 and int(copy.max()) < 16
+        # A symmetry of the cube: the extents are permuted and the distance between any two voxels kept.
+        extent = lambda t: sorted((t.max(0).values - t.min(0).values).tolist())
+        assert extent(copy) == extent(shape)
+        assert torch.equal(torch.cdist(copy.double(), copy.double()), torch.cdist(shape.double(), shape.double()))
     image = vae.shaded_image(shape, shape.min(0).values, 16, scale=3)
     assert image.shape == (48, 48, 3) and image.min() >= 0.0 and image.max() <= 1.0
     assert (image == 1.0).all(axis=-1).any() and (image < 1.0).any()  # background and lit voxels
