@@ -81,17 +81,16 @@ std::string_view without_comment(std::string_view line) {
     return hash == std::string_view::npos ? line : line.substr(0, hash);
 }
 
-bool parse_double(std::string_view token, double& value) {
+/// A whole token as a number (a leading '+' allowed; out of range fails), for double and int64_t.
+template <typename Number>
+bool parse_number(std::string_view token, Number& value) {
     if (!token.empty() && token.front() == '+') token.remove_prefix(1);
     const auto [end, status] = std::from_chars(token.data(), token.data() + token.size(), value);
     return status == std::errc() && end == token.data() + token.size() && !token.empty();
 }
 
-bool parse_integer(std::string_view token, int64_t& value) {
-    if (!token.empty() && token.front() == '+') token.remove_prefix(1);
-    const auto [end, status] = std::from_chars(token.data(), token.data() + token.size(), value);
-    return status == std::errc() && end == token.data() + token.size() && !token.empty();
-}
+bool parse_double(std::string_view token, double& value) { return parse_number(token, value); }
+bool parse_integer(std::string_view token, int64_t& value) { return parse_number(token, value); }
 
 /// The mesh as it is read: vertices checked finite, polygons fanned into triangles, every index checked
 /// against the vertex count at the end (OBJ may refer to vertices defined later).

@@ -296,16 +296,9 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
                    const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
                    size_t shared_bytes, cudaStream_t stream) {
     auto* kernel = implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages>;
-    static std::atomic<uint64_t> raised{0};  // bit d: the limit was raised on device d
-    int device = 0;
-    SPARSEGRID_CUDA_CHECK(cudaGetDevice(&device));
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (bit == 0 || !(raised.load(std::memory_order_acquire) & bit)) {
-        const EngineConfig config{BM, BN, kRowBytes, WM, WN, kStages};
-        SPARSEGRID_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   static_cast<int>(config.shared_bytes(kMaxEngineTaps))));
-        raised.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    static std::atomic<uint64_t> raised{0};
+    raise_shared_memory_limit(kernel, EngineConfig{BM, BN, kRowBytes, WM, WN, kStages}.shared_bytes(kMaxEngineTaps),
+                              raised);
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     kernel<<<grid, (BM / WM) * (BN / WN) * 32, shared_bytes, stream>>>(
         map, order, rows, volume, static_cast<const T*>(x), static_cast<const T*>(packed), static_cast<T*>(out),

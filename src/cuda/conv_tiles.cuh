@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -290,6 +291,19 @@ void set_engine_tuning(bool enabled, const std::string& file);
 /// with spills for 128 x 64 tiles.
 constexpr int engine_min_blocks(int warps, int warp_tile) {
     return warp_tile >= 64 * 64 ? 1 : warp_tile >= 64 * 32 ? 2 : 16 / warps;
+}
+
+/// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device:
+/// `raised` (one per kernel) keeps bit d once done on device d (devices past 63: every time).
+template <typename Kernel>
+void raise_shared_memory_limit(Kernel* kernel, size_t bytes, std::atomic<uint64_t>& raised) {
+    int device = 0;
+    SPARSEGRID_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit != 0 && (raised.load(std::memory_order_acquire) & bit)) return;
+    SPARSEGRID_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    raised.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 template <typename T>

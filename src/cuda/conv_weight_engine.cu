@@ -151,32 +151,30 @@ __global__ __launch_bounds__(
         }
         const int steps = (edges + kEdgeStep - 1) / kEdgeStep;
 
+        // Rows k of a stage: `channels` channels from c0 on of the row rows[edge] of `source` for the step's
+        // edge k, zeros past the edges and the channels. `vectors`: 16-byte copies per staged row.
+        auto copy_operand = [&](auto vectors, int pitch, unsigned char* stage_rows, const T* source,
+                                const int32_t* rows, int c0, int channels, int step) {
+            constexpr int kVectorsPerRow = decltype(vectors)::value;
+#pragma unroll
+            for (int c = 0; c < kEdgeStep * kVectorsPerRow / kThreadCount; ++c) {
+                const int idx = tid + c * kThreadCount;
+                const int k = idx / kVectorsPerRow;
+                const int v = idx % kVectorsPerRow;
+                const int edge = step * kEdgeStep + k;
+                const int channel = c0 + v * kElementsPerVector;
+                const bool valid = edge < edges && channel < channels;
+                const T* from = valid ? source + int64_t{rows[edge]} * channels + channel : source;
+                mma::copy16(mma::shared_address(stage_rows + k * pitch + v * 16), from, valid);
+            }
+        };
         auto load_step = [&](int step, int stage) {
             if (step >= steps) return;
             unsigned char* a_stage = shared + stage * kStageBytes;
-            unsigned char* b_stage = a_stage + kEdgeStep * kPitchA;
-#pragma unroll
-            for (int c = 0; c < kEdgeStep * kVectorsA / kThreadCount; ++c) {
-                const int idx = tid + c * kThreadCount;
-                const int k = idx / kVectorsA;
-                const int v = idx % kVectorsA;
-                const int edge = step * kEdgeStep + k;
-                const int channel = m0 + v * kElementsPerVector;
-                const bool valid = edge < edges && channel < a_channels;
-                const T* from = valid ? gathered + int64_t{list_gathered[edge]} * a_channels + channel : gathered;
-                mma::copy16(mma::shared_address(a_stage + k * kPitchA + v * 16), from, valid);
-            }
-#pragma unroll
-            for (int c = 0; c < kEdgeStep * kVectorsB / kThreadCount; ++c) {
-                const int idx = tid + c * kThreadCount;
-                const int k = idx / kVectorsB;
-                const int v = idx % kVectorsB;
-                const int edge = step * kEdgeStep + k;
-                const int channel = n0 + v * kElementsPerVector;
-                const bool valid = edge < edges && channel < b_channels;
-                const T* from = valid ? per_row + int64_t{list_row[edge]} * b_channels + channel : per_row;
-                mma::copy16(mma::shared_address(b_stage + k * kPitchB + v * 16), from, valid);
-            }
+            copy_operand(std::integral_constant<int, kVectorsA>{}, kPitchA, a_stage, gathered, list_gathered, m0,
+                         a_channels, step);
+            copy_operand(std::integral_constant<int, kVectorsB>{}, kPitchB, a_stage + kEdgeStep * kPitchA, per_row,
+                         list_row, n0, b_channels, step);
         };
 
 #pragma unroll
@@ -295,15 +293,8 @@ void launch_weight_engine(const int32_t* map, int64_t rows, int32_t volume, cons
     auto* kernel = weight_engine_kernel<T, BM, BN, WM, WN, kStages>;
     constexpr WeightConfig config{BM, BN, WM, WN, kStages};
     const size_t shared_bytes = config.shared_bytes(static_cast<int>(sizeof(T)));
-    static std::atomic<uint64_t> raised{0};  // bit d: the dynamic shared-memory limit was raised on device d
-    int device = 0;
-    SPARSEGRID_CUDA_CHECK(cudaGetDevice(&device));
-    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-    if (bit == 0 || !(raised.load(std::memory_order_acquire) & bit)) {
-        SPARSEGRID_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes)));
-        raised.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    static std::atomic<uint64_t> raised{0};
+    raise_shared_memory_limit(kernel, shared_bytes, raised);
     const int64_t tiles_m = (a_channels + BM - 1) / BM, tiles_n = (b_channels + BN - 1) / BN;
     const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots),
                     static_cast<unsigned>(volume));
