@@ -42,6 +42,8 @@ step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
     summary+=("FAIL $name ($((SECONDS - start)) s)")
     status=1
   fi
+  # A run stopped by its time limit still leaves the log of every finished step.
+  cp "$log" "$final/gpu-check.log"
 }
 
 { nvidia-smi -L; nvcc --version | tail -2; echo "phases: $phases"; } >>"$log" 2>&1
