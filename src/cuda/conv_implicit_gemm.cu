@@ -98,7 +98,7 @@ __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __res
     }
 }
 
-template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
+template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages, bool kScatter>
 __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
                              engine_min_blocks(BM / WM * (BN / WN),
                                                WM* WN)) void implicit_gemm_kernel(const int32_t* __restrict__ map,
@@ -108,7 +108,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
                                                                                   const T* __restrict__ packed,
                                                                                   T* __restrict__ out,
                                                                                   int32_t x_channels,
-                                                                                  int32_t y_channels, bool scatter) {
+                                                                                  int32_t y_channels) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: the engine needs compute capability 8.0
 #else
@@ -181,7 +181,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             const int m = idx / kVectors;
             const int v = idx % kVectors;
             const int32_t s = sources[m];
-            const int64_t source = s < 0 ? -1 : scatter ? row_of[m] : int64_t{s};  // scatter: the block's own rows
+            const int64_t source = s < 0 ? -1 : kScatter ? row_of[m] : int64_t{s};  // scatter: the block's own rows
             const int k = k0 + v * kElementsPerVector;
             const bool valid = s >= 0 && k < x_channels;
             const T* from = valid ? x + source * x_channels + k : x;
@@ -269,7 +269,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
 #pragma unroll
                 for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
         }
-        if (scatter && step % chunks == chunks - 1) {
+        if (kScatter && step % chunks == chunks - 1) {
             // The tap's products are complete: each goes to its row's one output row at this tap.
             const int32_t* targets = table + active[step / chunks] * (BM + 1);
             write_rows([&](int m) { return int64_t{targets[m]}; });
@@ -282,7 +282,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
         }
     }
     mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
-    if (!scatter) write_rows([&](int m) { return row_of[m]; });
+    if constexpr (!kScatter) write_rows([&](int m) { return row_of[m]; });
 #endif
 }
 
@@ -295,14 +295,17 @@ template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages
 void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                    const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
                    size_t shared_bytes, cudaStream_t stream) {
-    auto* kernel = implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages>;
-    static std::atomic<uint64_t> raised{0};
+    // The gathering and the scatter kernels are separate instantiations: a run-time switch cost the
+    // gathering one registers and time.
+    auto* kernel = scatter ? implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages, true>
+                           : implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages, false>;
+    static std::atomic<uint64_t> raised[2] = {0, 0};  // one per instantiation
     raise_shared_memory_limit(kernel, EngineConfig{BM, BN, kRowBytes, WM, WN, kStages}.shared_bytes(kMaxEngineTaps),
-                              raised);
+                              raised[scatter ? 1 : 0]);
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     kernel<<<grid, (BM / WM) * (BN / WN) * 32, shared_bytes, stream>>>(
         map, order, rows, volume, static_cast<const T*>(x), static_cast<const T*>(packed), static_cast<T*>(out),
-        x_channels, y_channels, scatter);
+        x_channels, y_channels);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
