@@ -6,8 +6,8 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv engine passes wheel train vae baseline (default: all
-#   but engine, passes, wheel and baseline, in that order; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
+#   PHASE: build test python memcheck bench conv engine passes profile wheel train vae baseline (default: all
+#   but engine, passes, profile, wheel and baseline, in that order; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
 #   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
 #   with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
@@ -195,15 +195,28 @@ if want passes && [ $have_layer = 1 ]; then
     done
   done
 fi
+if want profile; then
+  # Nsight Compute on the engine's kernels (k3s1 and k2s2, C = 64 and 128, float16 unless
+  # SPARSEGRID_PROFILE_DTYPE says otherwise): the full section set of each launch, as text.
+  step "profile" bash -c "ncu --set full --import-source no --kernel-name regex:'implicit_gemm_kernel|weight_engine_kernel' \
+    --launch-count ${SPARSEGRID_PROFILE_LAUNCHES:-12} --print-summary none '$build/tools/sparsegrid' conv --device cuda \
+    --dtype ${SPARSEGRID_PROFILE_DTYPE:-float16} --channels ${SPARSEGRID_PROFILE_CHANNELS:-64,128} --repeats 1 --warmup 0 \
+    --input '$root/data/reference_batch_r64.txt' --members 16 >'$out/profile.txt' 2>&1; status=\$?; \
+    grep -E '^  [a-z_]+.*implicit_gemm|^  [a-z_]+.*weight_engine|Duration|Registers Per|Achieved Occupancy|Theoretical Occ|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|L1/TEX Hit|Issue Slots Busy|Warp Cycles Per Issued|Block Limit' '$out/profile.txt'; exit \$status"
+fi
 if want wheel; then
   # pip wheel through scikit-build-core against this machine's torch, installed into a fresh virtual
-  # environment (with the system's packages for torch), imported from outside the tree and run on CUDA.
+  # environment that sees this interpreter's torch, imported from outside the tree and run on CUDA.
   wheel_dir="$build/wheel" venv="$build/wheel-venv"
   rm -rf "$wheel_dir" "$venv"
   step "wheel build" python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir" "$root" \
     -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${SPARSEGRID_CUDA_ARCHS}" -C build-dir="$build/wheel-build"
-  step "wheel install" bash -c "python3 -m venv --system-site-packages '$venv' && '$venv/bin/pip' install --no-deps \
-    '$wheel_dir'/sparsegrid-*.whl"
+  # The venv sees this interpreter's torch through a .pth file (python3 may itself be a venv, whose packages
+  # --system-site-packages would not show).
+  torch_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+  step "wheel install" bash -c "python3 -m venv '$venv' && echo '$torch_site' >\"\$('$venv/bin/python' -c \
+    'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')/host-torch.pth\" && '$venv/bin/pip' install \
+    --no-deps --no-index '$wheel_dir'/sparsegrid-*.whl"
   step "wheel import and convolve" bash -c "cd / && env -u SPARSEGRID_TORCH_LIBRARY -u PYTHONPATH \
     '$venv/bin/python' '$root/scripts/wheel_smoke.py'"
 fi

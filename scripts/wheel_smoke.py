@@ -2,6 +2,7 @@
 the installed package, with its compiled layer beside it and no environment variable, and convolve on
 CUDA when torch sees a GPU (on the CPU otherwise)."""
 
+import os
 import sys
 
 import torch
@@ -9,7 +10,10 @@ import torch
 import sparsegrid as sg
 
 print(f"sparsegrid from {sg.__file__}, layer {sg.library_path}")
-if "site-packages" not in sg.library_path:
+package_dir = os.path.dirname(os.path.abspath(sg.__file__))
+if not package_dir.startswith(os.path.abspath(sys.prefix) + os.sep):
+    sys.exit(f"sparsegrid was not imported from the environment at {sys.prefix}")
+if not os.path.abspath(sg.library_path).startswith(package_dir + os.sep):
     sys.exit("the layer was not loaded from the installed package")
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = torch.float16 if device == "cuda" else torch.float32
