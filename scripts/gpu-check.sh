@@ -197,19 +197,35 @@ if want passes && [ $have_layer = 1 ]; then
 fi
 if want profile; then
   # Nsight Compute on the engine's kernels (k3s1 and k2s2, C = 64 and 128, float16 unless
-  # SPARSEGRID_PROFILE_DTYPE says otherwise): the full section set of each launch, as text.
-  step "profile" bash -c "ncu --set full --import-source no --kernel-name regex:'implicit_gemm_kernel|weight_engine_kernel' \
-    --launch-count ${SPARSEGRID_PROFILE_LAUNCHES:-12} --print-summary none '$build/tools/sparsegrid' conv --device cuda \
-    --dtype ${SPARSEGRID_PROFILE_DTYPE:-float16} --channels ${SPARSEGRID_PROFILE_CHANNELS:-64,128} --repeats 1 --warmup 0 \
-    --input '$root/data/reference_batch_r64.txt' --members 16 >'$out/profile.txt' 2>&1; status=\$?; \
-    grep -E '^  [a-z_]+.*implicit_gemm|^  [a-z_]+.*weight_engine|Duration|Registers Per|Achieved Occupancy|Theoretical Occ|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|L1/TEX Hit|Issue Slots Busy|Warp Cycles Per Issued|Block Limit' '$out/profile.txt'; exit \$status"
+  # SPARSEGRID_PROFILE_DTYPE says otherwise): the full section set of each launch as text (profile.txt),
+  # each launch's warp stall reasons (profile_stalls.txt) and the SASS of the first launch with its
+  # per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES limits the launches (12).
+  profile_run() {
+    ncu --set full --import-source no --kernel-name regex:'implicit_gemm_kernel|weight_engine_kernel' \
+      --launch-count "${SPARSEGRID_PROFILE_LAUNCHES:-12}" -f -o "$out/engine" "$build/tools/sparsegrid" conv \
+      --device cuda --dtype "${SPARSEGRID_PROFILE_DTYPE:-float16}" --channels "${SPARSEGRID_PROFILE_CHANNELS:-64,128}" \
+      --repeats 1 --warmup 0 --input "$root/data/reference_batch_r64.txt" --members 16 || return 1
+    ncu -i "$out/engine.ncu-rep" --print-summary none >"$out/profile.txt" || return 1
+    ncu -i "$out/engine.ncu-rep" --page raw --csv >"$out/profile_raw.csv" || return 1
+    ncu -i "$out/engine.ncu-rep" --page source --print-source sass --launch-count 1 >"$out/profile_sass.txt" || true
+    grep -E '^  [a-z_]+.*(implicit_gemm|weight_engine)|Duration|Registers Per|Achieved Occupancy|Issued Instructions  |Warp Cycles Per Issued' \
+      "$out/profile.txt"
+  }
+  step "profile" profile_run
 fi
 if want wheel; then
   # pip wheel through scikit-build-core against this machine's torch, installed into a fresh virtual
   # environment that sees this interpreter's torch, imported from outside the tree and run on CUDA.
   wheel_dir="$build/wheel" venv="$build/wheel-venv"
   rm -rf "$wheel_dir" "$venv"
-  step "wheel build" python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir" "$root" \
+  # The layer needs a g++ with a shared libstdc++: /usr/bin/g++ where the default compiler has none (as
+  # scripts/configure.sh does).
+  wheel_env=()
+  cxx=${CXX:-$(command -v c++ || command -v g++ || true)}
+  if [ -n "$cxx" ] && [[ $("$cxx" -print-file-name=libstdc++.so) != /* ]] && [ -x /usr/bin/g++ ]; then
+    wheel_env=(CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++)
+  fi
+  step "wheel build" env ${wheel_env[@]+"${wheel_env[@]}"} python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir" "$root" \
     -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${SPARSEGRID_CUDA_ARCHS}" -C build-dir="$build/wheel-build"
   # The venv sees this interpreter's torch through a .pth file (python3 may itself be a venv, whose packages
   # --system-site-packages would not show).
