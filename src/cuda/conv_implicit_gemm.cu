@@ -50,10 +50,11 @@ struct EngineConfig {
         return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(row_bytes) + "B/" +
             std::to_string(stages);
     }
-    /// Dynamic shared memory: the stages, then the source table of `volume` taps.
+    /// Dynamic shared memory: the stages, then the source table of `volume` taps (rows of bm + 4 entries:
+    /// 16-byte aligned, and its stores from the map fall on 8 banks rather than one).
     size_t shared_bytes(int32_t volume) const {
         return static_cast<size_t>(stages) * static_cast<size_t>(bm + bn) * static_cast<size_t>(row_bytes + 16) +
-            static_cast<size_t>(volume) * static_cast<size_t>(bm + 1) * sizeof(int32_t);
+            static_cast<size_t>(volume) * static_cast<size_t>(bm + 4) * sizeof(int32_t);
     }
 };
 
@@ -125,8 +126,19 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     static_assert(kRowBytes % 32 == 0 && NI % 2 == 0 && WM % 16 == 0, "whole mma tiles");
     static_assert((BM * kVectors) % kThreadCount == 0 && (BN * kVectors) % kThreadCount == 0, "even copies");
 
+    constexpr int kWarps = kThreadCount / 32;
+    constexpr int kTableStride = BM + 4;
+    // Each thread copies kRowsA consecutive rows of the A tile (and kRowsB of the B tile) at one 16-byte
+    // column v: the rows' sources arrive in one shared-memory load, and the column is the thread's own.
+    constexpr int kGroups = kThreadCount / kVectors;
+    constexpr int kRowsA = BM / kGroups;
+    constexpr int kRowsB = BN / kGroups;
+    static_assert(kThreadCount % kVectors == 0 && BM % kGroups == 0 && BN % kGroups == 0, "whole row groups");
+    static_assert(kRowsA == 2 || kRowsA == 4 || kRowsA == 8, "sources load as one int2 or int4 vector, or two");
+    static_assert(BM % (4 * kWarps) == 0, "the table is built four rows per warp at a time");
+
     extern __shared__ __align__(128) unsigned char shared[];
-    int32_t* table = reinterpret_cast<int32_t*>(shared + kStages * kStageBytes);  // [tap][BM + 1]: sources
+    int32_t* table = reinterpret_cast<int32_t*>(shared + kStages * kStageBytes);  // [tap][kTableStride]: sources
     __shared__ int64_t row_of[BM];
     __shared__ int32_t active[kMaxEngineTaps];
     __shared__ unsigned long long tap_mask;
@@ -139,7 +151,8 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     const int64_t row0 = int64_t{blockIdx.x} * BM;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
 
-    // The block's rows, their sources at every tap, and the taps any of them has.
+    // The block's rows, their sources at every tap, and the taps any of them has. Each warp reads whole
+    // map rows (lane = tap), four rows' loads in flight at once.
     if (tid == 0) tap_mask = 0;
     for (int i = tid; i < BM; i += kThreadCount) {
         const int64_t p = row0 + i;
@@ -147,17 +160,27 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     }
     __syncthreads();
     unsigned long long mine = 0;
-    for (int idx = tid; idx < BM * volume; idx += kThreadCount) {
-        const int m = idx / volume;
-        const int t = idx % volume;
-        const int64_t r = row_of[m];
-        int32_t s = -1;
-        if (r >= 0) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
-        table[t * (BM + 1) + m] = s;
-        if (s >= 0) mine |= 1ull << t;
-    }
+    for (int m0 = warp; m0 < BM; m0 += 4 * kWarps) {
+        int32_t s[4][2];
 #pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) mine |= __shfl_xor_sync(0xffffffffu, mine, offset);
+        for (int u = 0; u < 4; ++u) {
+            const int64_t r = row_of[m0 + u * kWarps];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int t = lane + 32 * h;
+                s[u][h] = -1;
+                if (r >= 0 && t < volume) s[u][h] = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int t = lane + 32 * h;
+                if (t < volume) table[t * kTableStride + m0 + u * kWarps] = s[u][h];
+                mine |= static_cast<unsigned long long>(__ballot_sync(0xffffffffu, s[u][h] >= 0)) << (32 * h);
+            }
+    }
     if (lane == 0 && mine != 0) atomicOr(&tap_mask, mine);
     __syncthreads();
     const unsigned long long taps = tap_mask;
@@ -166,37 +189,61 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     const int chunks = (x_channels + kChunk - 1) / kChunk;
     const int steps = __popcll(taps) * chunks;
 
-    // Issues the copies of k step `step` into stage `stage` (nothing past the last step; the caller
-    // commits a group either way, so that group counting stays uniform).
-    auto load_step = [&](int step, int stage) {
-        if (step >= steps) return;
-        const int t = active[step / chunks];
-        const int k0 = (step % chunks) * kChunk;
-        unsigned char* a_stage = shared + stage * kStageBytes;
-        unsigned char* b_stage = a_stage + BM * kPitch;
-        const int32_t* sources = table + t * (BM + 1);
+    // This thread's copies: rows group * kRowsA + c of A and group * kRowsB + c of B, bytes 16 v.
+    const int group = tid / kVectors;
+    const int v = tid % kVectors;
+    const uint32_t a_copy = static_cast<uint32_t>((group * kRowsA) * kPitch + v * 16);
+    const uint32_t b_copy = static_cast<uint32_t>(BM * kPitch + (group * kRowsB) * kPitch + v * 16);
+    int64_t own_rows[kScatter ? kRowsA : 1];  // scatter: the A rows are the block's own rows
+    if constexpr (kScatter) {
 #pragma unroll
-        for (int c = 0; c < BM * kVectors / kThreadCount; ++c) {
-            const int idx = tid + c * kThreadCount;
-            const int m = idx / kVectors;
-            const int v = idx % kVectors;
-            const int32_t s = sources[m];
-            const int64_t source = s < 0 ? -1 : kScatter ? row_of[m] : int64_t{s};  // scatter: the block's own rows
-            const int k = k0 + v * kElementsPerVector;
-            const bool valid = s >= 0 && k < x_channels;
-            const T* from = valid ? x + source * x_channels + k : x;
-            mma::copy16(mma::shared_address(a_stage + m * kPitch + v * 16), from, valid);
+        for (int c = 0; c < kRowsA; ++c) own_rows[c] = row_of[group * kRowsA + c];
+    }
+    bool b_row_valid[kRowsB];
+#pragma unroll
+    for (int c = 0; c < kRowsB; ++c) b_row_valid[c] = n0 + group * kRowsB + c < y_channels;
+    const uint32_t base = mma::shared_address(shared);
+
+    // Issues the copies of the next k step into stage `stage` (nothing past the last step; the caller
+    // commits a group either way, so that group counting stays uniform). Steps are issued in order, so
+    // the (tap, chunk) of the next one is kept as counters.
+    int load_tap = 0, load_chunk = 0, loaded = 0;
+    auto load_next = [&](int stage) {
+        if (loaded >= steps) return;
+        ++loaded;
+        const int t = active[load_tap];
+        const int k = load_chunk * kChunk + v * kElementsPerVector;
+        if (++load_chunk == chunks) {
+            load_chunk = 0;
+            ++load_tap;
         }
-        const T* w = packed + (int64_t{t} * y_channels + n0) * x_channels;
+        const bool k_valid = k < x_channels;
+        const uint32_t a_stage = base + static_cast<uint32_t>(stage * kStageBytes) + a_copy;
+        int32_t src[kRowsA];
+        const int32_t* sources = table + t * kTableStride + group * kRowsA;
+        if constexpr (kRowsA == 2) {
+            const int2 q = *reinterpret_cast<const int2*>(sources);
+            src[0] = q.x, src[1] = q.y;
+        } else {
 #pragma unroll
-        for (int c = 0; c < BN * kVectors / kThreadCount; ++c) {
-            const int idx = tid + c * kThreadCount;
-            const int n = idx / kVectors;
-            const int v = idx % kVectors;
-            const int k = k0 + v * kElementsPerVector;
-            const bool valid = n0 + n < y_channels && k < x_channels;
-            const T* from = valid ? w + int64_t{n} * x_channels + k : packed;
-            mma::copy16(mma::shared_address(b_stage + n * kPitch + v * 16), from, valid);
+            for (int c = 0; c < kRowsA; c += 4) {
+                const int4 q = *reinterpret_cast<const int4*>(sources + c);
+                src[c] = q.x, src[c + 1] = q.y, src[c + 2] = q.z, src[c + 3] = q.w;
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < kRowsA; ++c) {
+            const bool valid = src[c] >= 0 && k_valid;
+            const int64_t row = kScatter ? own_rows[c] : int64_t{src[c]};
+            const T* from = x + (valid ? row * x_channels + k : 0);
+            mma::copy16(a_stage + static_cast<uint32_t>(c * kPitch), from, valid);
+        }
+        const uint32_t b_stage = base + static_cast<uint32_t>(stage * kStageBytes) + b_copy;
+        const T* w = packed + (int64_t{t} * y_channels + n0 + group * kRowsB) * x_channels + k;
+#pragma unroll
+        for (int c = 0; c < kRowsB; ++c) {
+            const bool valid = b_row_valid[c] && k_valid;
+            mma::copy16(b_stage + static_cast<uint32_t>(c * kPitch), valid ? w + c * x_channels : packed, valid);
         }
     };
 
@@ -210,7 +257,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
-        load_step(s, s);
+        load_next(s);
         mma::commit_copies();
     }
     // ldmatrix addresses: A rows warp_m + 16 i + lane % 16, bytes 16 (lane / 16); B rows (output channels)
@@ -218,7 +265,6 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     const uint32_t a_lane = static_cast<uint32_t>((warp_m + lane % 16) * kPitch + (lane / 16) * 16);
     const uint32_t b_lane = static_cast<uint32_t>(BM * kPitch + (warp_n + lane % 8 + 8 * (lane / 16)) * kPitch +
                                                   ((lane / 8) % 2) * 16);
-    const uint32_t base = mma::shared_address(shared);
     // Writes the accumulators to the output rows row_at(m) of the block's rows m (none where negative).
     // Accumulator (i, j, 2h + e) is row warp_m + 16 i + lane / 4 + 8 h, channel warp_n + 8 j + 2 (lane % 4) + e.
     auto write_rows = [&](auto row_at) {
@@ -237,10 +283,11 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             }
         }
     };
+    int tap_index = 0, chunk = 0;  // scatter: of the step being multiplied
     for (int step = 0; step < steps; ++step) {
         mma::wait_copies<kStages - 2>();
         __syncthreads();  // step's stage is complete for every thread; the stage of step - 1 is free
-        load_step(step + kStages - 1, (step + kStages - 1) % kStages);
+        load_next((step + kStages - 1) % kStages);
         mma::commit_copies();
         const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
 #pragma unroll
@@ -269,9 +316,11 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
 #pragma unroll
                 for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
         }
-        if (kScatter && step % chunks == chunks - 1) {
+        if constexpr (kScatter) {
+            if (++chunk < chunks) continue;
+            chunk = 0;
             // The tap's products are complete: each goes to its row's one output row at this tap.
-            const int32_t* targets = table + active[step / chunks] * (BM + 1);
+            const int32_t* targets = table + active[tap_index++] * kTableStride;
             write_rows([&](int m) { return int64_t{targets[m]}; });
 #pragma unroll
             for (int i = 0; i < MI; ++i)
