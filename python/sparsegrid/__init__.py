@@ -16,6 +16,8 @@ import pathlib
 
 import torch
 
+from . import _compile
+
 __all__ = ["GridBatch", "ConvolutionPlan", "sparse_conv", "synthetic_shapes", "load_mesh", "convolution_seconds",
            "host_synchronizations", "cuda_backend_available", "mesh_loading_available", "library_path",
            "convolution_engine_configurations", "set_convolution_engine_configuration",
@@ -380,12 +382,20 @@ class ConvolutionPlan:
         TF32 for its own float32 matrix products (torch.backends.cuda.matmul.allow_tf32, or
         torch.set_float32_matmul_precision("high")); off by default. No host synchronisation, forward or
         backward."""
+        if _compile.compiling():
+            return _compile.run(self, features, weight)  # traced by torch.compile (see _compile.py)
         if (isinstance(features, torch.Tensor) and isinstance(weight, torch.Tensor) and
                 not (torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad))):
             # Nothing can ask for a gradient: the plan's forward directly, without the operator's
             # dispatch and autograd node (what sparse_conv itself does then, at a few microseconds less).
             return self._handle.forward(features, weight)
         return torch.ops.sparsegrid.sparse_conv(features, weight, self._handle)
+
+
+# Grids and plans run eagerly under torch.compile (a graph break at each call, see _compile.py); the
+# convolution itself is traced.
+_compile.eager_only(GridBatch)
+_compile.eager_only(ConvolutionPlan, keep=("execute",))
 
 
 def convolution_seconds():

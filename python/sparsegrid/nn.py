@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from . import ConvolutionPlan, _triple
+from . import ConvolutionPlan, _compile, _triple
 
 __all__ = [
     "SparseFeatures",
@@ -56,6 +56,7 @@ class SparseFeatures:
         return f"SparseFeatures({self.grid!r}, channels={self.features.shape[1]})"
 
 
+@_compile.eager
 def _plan(grid, kernel_size, stride, transposed, target=None, same_grid=False):
     """The plan of (grid, K, S, direction) to its generated target (or to grid itself when same_grid),
     built once per grid object. Plans to other given targets are not cached."""
