@@ -90,10 +90,11 @@ if want test; then
     SPARSEGRID_CONV_TILES=4x4 "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
 fi
 if want python; then
-  # The Python suite (run here instead of through ctest, with this machine's python3 and torch).
+  # The Python suite (run here instead of through ctest, with this machine's python3 and torch);
+  # SPARSEGRID_PYTEST_ARGS replaces the test paths (e.g. one file, or -k EXPRESSION with the path).
   if [ $have_layer = 1 ]; then
     step "python tests" "${pyenv[@]}" SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 \
-      python3 -m pytest -v -p no:cacheprovider "$root/tests/python"
+      python3 -m pytest -v -p no:cacheprovider ${SPARSEGRID_PYTEST_ARGS:-"$root/tests/python"}
   else
     summary+=("SKIP python tests (no PyTorch layer built, or python3 cannot import torch and pytest)")
   fi
