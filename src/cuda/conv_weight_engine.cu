@@ -105,6 +105,8 @@ __global__ __launch_bounds__(
     static_assert((kEdgeStep * kVectorsA) % kThreadCount == 0 && (kEdgeStep * kVectorsB) % kThreadCount == 0,
                   "even copies");
     using BlockScan = cub::BlockScan<int, kThreadCount>;
+    constexpr int kRowsPerThread = kListRows / kThreadCount;
+    static_assert(kListRows % kThreadCount == 0, "whole rows per thread");
 
     extern __shared__ __align__(128) unsigned char shared[];
     __shared__ typename BlockScan::TempStorage scan_storage;
@@ -134,21 +136,26 @@ __global__ __launch_bounds__(
 
     for (int64_t list0 = begin; list0 < end; list0 += kListRows) {
         const int64_t list_end = list0 + kListRows < end ? list0 + kListRows : end;
-        // The list's edges at tap t, in row order.
-        int edges = 0;
-        for (int64_t window = list0; window < list_end; window += kThreadCount) {
-            const int64_t r = window + tid;
-            int32_t s = -1;
-            if (r < list_end) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
-            int position = 0, count = 0;
-            BlockScan(scan_storage).ExclusiveSum(s >= 0 ? 1 : 0, position, count);
-            if (s >= 0) {
-                list_gathered[edges + position] = s;
-                list_row[edges + position] = static_cast<int32_t>(r);
-            }
-            edges += count;
-            __syncthreads();  // scan storage is reused; the list is complete after the last window
+        // The list's edges at tap t, in row order: each thread reads kRowsPerThread consecutive rows (all
+        // loads in flight at once), and one block scan places their edges.
+        int32_t s[kRowsPerThread];
+        int present[kRowsPerThread], position[kRowsPerThread];
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i) {
+            const int64_t r = list0 + tid * kRowsPerThread + i;
+            s[i] = -1;
+            if (r < list_end) s[i] = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            present[i] = s[i] >= 0 ? 1 : 0;
         }
+        int edges = 0;
+        BlockScan(scan_storage).ExclusiveSum(present, position, edges);
+#pragma unroll
+        for (int i = 0; i < kRowsPerThread; ++i)
+            if (s[i] >= 0) {
+                list_gathered[position[i]] = s[i];
+                list_row[position[i]] = static_cast<int32_t>(list0 + tid * kRowsPerThread + i);
+            }
+        __syncthreads();  // the list is complete
         const int steps = (edges + kEdgeStep - 1) / kEdgeStep;
 
         // Rows k of a stage: `channels` channels from c0 on of the row rows[edge] of `source` for the step's
