@@ -62,6 +62,8 @@ MemberTransform refine_transform(const MemberTransform& t, const Vec3i& factor) 
 namespace detail {
 
 GridBatch make_grid(GridTopology topology, std::vector<MemberTransform> transforms, const Context& ctx) {
+    // Outputs whose size is known only once built (conv_grid, merged_grid, from_points, ...).
+    check_grid_voxels("GridBatch", "new", topology.offsets.empty() ? 0 : topology.offsets.back());
     auto storage = std::make_shared<GridStorage>();
     storage->topology = std::move(topology);
     storage->transforms = std::move(transforms);
@@ -89,7 +91,9 @@ GridBatch generate_conv_transpose_grid(const char* op, const GridBatch& grid, co
     const GridStorage& storage = grid.storage();
     // K = S = 2 on every axis: pb = 0, the output is the subdivision by 2.
     const bool doubling = g.is_uniform(2, 2);
-    checked_mul(op, doubling ? "output voxel count" : "candidate count", grid.num_voxels(), g.kernel_volume());
+    const int64_t count = checked_mul(op, doubling ? "output voxel count" : "candidate count", grid.num_voxels(),
+                                      g.kernel_volume());
+    if (doubling) check_grid_voxels(op, "output", count);
     GridTopology topology = on_backend(op, grid.device(), [&](auto backend) {
         return doubling ? backend.refined_by_power_of_two(storage, 1, out_box)
                         : backend.conv_transpose_grid(storage, g, out_box);
@@ -119,6 +123,7 @@ GridBatch GridBatch::from_ijk(Span<const int32_t> ijk, const std::vector<int64_t
     if (ijk.size % 3 != 0) throw_error(op, ": ijk must hold (i, j, k) triples, got ", ijk.size, " values");
     if (ijk.size > 0 && ijk.data == nullptr) throw_error(op, ": ijk data is null for ", ijk.size, " values");
     detail::check_offsets(op, "member_offsets", member_offsets, ijk.size / 3);
+    detail::check_grid_voxels(op, "input", ijk.size / 3);
     const int64_t batch_size = static_cast<int64_t>(member_offsets.size()) - 1;
     std::vector<MemberTransform> resolved = detail::resolve_transforms(op, transforms, batch_size, true);
     GridTopology topology = on_backend(
@@ -322,7 +327,8 @@ GridBatch GridBatch::refined_grid(const Vec3i& factor, Span<const uint8_t> mask)
     }
     if (factor == Vec3i{1, 1, 1}) return *this;
     const CoordBox out_box = detail::refined_box(op, coordinate_box(), factor);
-    detail::checked_mul(op, "output voxel count", num_voxels(), int64_t{factor[0]} * factor[1] * factor[2]);
+    const int64_t children = detail::checked_mul(op, "factor product", int64_t{factor[0]} * factor[1], factor[2]);
+    detail::check_grid_voxels(op, "output", detail::checked_mul(op, "output voxel count", num_voxels(), children));
     int32_t log2_factor = 0;
     const bool sorted = detail::uniform_power_of_two(factor, &log2_factor);
     GridTopology topology = on_backend(op, device(), [&](auto backend) {

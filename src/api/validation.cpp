@@ -11,6 +11,13 @@ void check_mask(const char* op, Span<const uint8_t> mask, int64_t num_voxels) {
     if (mask.size > 0 && mask.data == nullptr) throw_error(op, ": mask data is null for ", mask.size, " entries");
 }
 
+void check_grid_voxels(const char* op, const char* what, int64_t count) {
+    if (count > kMaxGridVoxels)
+        throw_error(op, ": the ", what, " grid would have ", count,
+                    " voxels, more than the 2^31 - 1 = ", kMaxGridVoxels,
+                    " a grid can hold (kernel maps index voxels with int32)");
+}
+
 void check_positive(const char* op, const char* name, const Vec3i& values) {
     for (int a = 0; a < 3; ++a)
         if (values[a] < 1) throw_error(op, ": ", name, "[", a, "] must be >= 1, got ", values[a]);

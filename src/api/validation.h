@@ -22,6 +22,10 @@ void check_offsets(const char* op, const char* name, const std::vector<int64_t>&
 /// transforms: empty (-> defaults) or one per member, voxel sizes positive and finite, origins finite.
 std::vector<MemberTransform> resolve_transforms(const char* op, const std::vector<MemberTransform>& transforms,
                                                 int64_t batch_size, bool allow_empty);
+/// The most voxels a grid holds: 2^31 - 1 (its kernel maps index voxels with int32).
+constexpr int64_t kMaxGridVoxels = 2147483647;
+/// Raises, naming `op`, when a grid of `count` voxels (`what`: "input", "output") exceeds kMaxGridVoxels.
+void check_grid_voxels(const char* op, const char* what, int64_t count);
 /// A mask of one byte per voxel, with data when non-empty.
 void check_mask(const char* op, Span<const uint8_t> mask, int64_t num_voxels);
 /// Boxes of generated grids, computed in int64 and checked against int32 (the error names the op,

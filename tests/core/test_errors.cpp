@@ -285,6 +285,16 @@ TEST_P(ErrorsTest, RefineOverflow) {
     EXPECT_TRUE(throws_error([&] { two.refined_grid(2, keep_both); }, "refined_grid", OVERFLOW_WORDS));
 }
 
+TEST_P(ErrorsTest, OutputsPastTheGridSizeLimitRaiseBeforeAllocating) {
+    // 1291^3 = 2,151,685,171 voxels from one: more than 2^31 - 1, refused before anything is allocated
+    // (building it would need tens of GB); 1290^3 = 2,146,689,000 would fit the limit.
+    const GridBatch one = single({0, 0, 0});
+    EXPECT_TRUE(throws_error([&] { one.refined_grid(1291); }, "refined_grid", {"2147483647", "2151685171"}));
+    EXPECT_TRUE(throws_error([&] { one.refined_grid({2048, 1024, 1025}); }, "refined_grid", {"2^31 - 1"}));
+    // Per-axis factors whose product overflows int64 raise as well.
+    EXPECT_THROW(one.refined_grid({2000000000, 2000000000, 2000000000}), sparsegrid::Error);
+}
+
 TEST_P(ErrorsTest, DilateOverflow) {
     for (const Vec3i& voxel :
          {Vec3i{kInt32Max, 0, 0}, Vec3i{kInt32Min, 0, 0}, Vec3i{0, kInt32Max, 0}, Vec3i{0, 0, kInt32Min}}) {
