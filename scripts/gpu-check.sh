@@ -6,8 +6,8 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python memcheck bench conv engine passes profile wheel train vae baseline (default: all
-#   but engine, passes, profile, wheel and baseline, in that order; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
+#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train vae baseline (default: all
+#   but huge, engine, passes, profile, wheel and baseline, in that order; huge runs the grids past 2^31 map entries; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
 #   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
 #   with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
@@ -97,6 +97,16 @@ if want python; then
       python3 -m pytest -v -p no:cacheprovider ${SPARSEGRID_PYTEST_ARGS:-"$root/tests/python"}
   else
     summary+=("SKIP python tests (no PyTorch layer built, or python3 cannot import torch and pytest)")
+  fi
+fi
+if want huge; then
+  # Grids past 80 million voxels (N x 27 > 2^31): plan and convolutions spot-checked, with times and
+  # peak device memory (tests/python/test_huge.py).
+  if [ $have_layer = 1 ]; then
+    step "huge grids" "${pyenv[@]}" SPARSEGRID_HUGE_TESTS=1 python3 -m pytest -v -s -p no:cacheprovider \
+      "$root/tests/python/test_huge.py"
+  else
+    summary+=("SKIP huge grids (no PyTorch layer built, or python3 cannot import torch and pytest)")
   fi
 fi
 if want memcheck; then
