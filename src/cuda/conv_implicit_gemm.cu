@@ -69,9 +69,7 @@ struct EngineConfig {
     X(64, 128, 128, 32, 64, 3)            \
     X(128, 128, 64, 64, 32, 4)            \
     X(128, 128, 128, 64, 32, 3)           \
-    X(256, 128, 64, 64, 64, 3)            \
-    X(256, 64, 128, 32, 32, 3)            \
-    X(256, 128, 64, 64, 32, 4)
+    X(256, 128, 64, 64, 64, 3)
 
 constexpr EngineConfig kEngineConfigs[] = {
 #define SPARSEGRID_CONFIG_ENTRY(BM, BN, RB, WM, WN, S) EngineConfig{BM, BN, RB, WM, WN, S},

@@ -285,12 +285,12 @@ void set_engine_tuning(bool enabled, const std::string& file);
 /// Blocks per multiprocessor an engine kernel of `warps` warps, each owning `warp_tile` outputs, is
 /// compiled for (its register cap: 65536 / (32 warps min_blocks)): 16 warps for warp tiles of 32 x 32
 /// (cap 128), two blocks for 64 x 32 (cap 128 in 8 warps, their 64 accumulators fit; none in 4 warps,
-/// where 32 x 64 tiles and TF32 fragment loads needed more), one for 64 x 64 (128 accumulators); blocks
-/// of 16 warps: one (cap 128). Without a count the compiler's own choice went both ways on an H200: 136
-/// registers for 128 x 128 tiles (one block per multiprocessor: k3s1 float16 C = 128 forward 0.573
-/// against 0.355 ms at 96 registers), and 64 with spills for 128 x 64 tiles.
+/// where 32 x 64 tiles and TF32 fragment loads needed more), one for 64 x 64 (128 accumulators). Without
+/// a count the compiler's own choice went both ways on an H200: 136 registers for 128 x 128 tiles (one
+/// block per multiprocessor: k3s1 float16 C = 128 forward 0.573 against 0.355 ms at 96 registers), and 64
+/// with spills for 128 x 64 tiles.
 constexpr int engine_min_blocks(int warps, int warp_tile) {
-    return warp_tile >= 64 * 64 ? 1 : warp_tile >= 64 * 32 ? (warps >= 16 ? 1 : 2) : (warps >= 16 ? 1 : 16 / warps);
+    return warp_tile >= 64 * 64 ? 1 : warp_tile >= 64 * 32 ? 2 : 16 / warps;
 }
 
 /// Raises `kernel`'s dynamic shared-memory limit to `bytes` on the current device, once per device:
