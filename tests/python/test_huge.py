@@ -101,6 +101,6 @@ def test_k3s1_plan_and_convolution_past_2_to_the_31_map_entries():
     _step("weight gradient of ones", lambda: y.backward(torch.ones_like(y)))
     counts = torch.tensor([float((SIDE - abs(int(a))) * (SIDE - abs(int(b))) * (SIDE - abs(int(c))))
                            for a, b, c in offsets.tolist()], dtype=torch.float64)
-    got = w.grad.double().reshape(2, 2, 27)
+    got = w.grad.double().reshape(2, 2, 27).cpu()
     error = ((got - counts).abs() / counts).max()
     assert error < 1e-5, f"weight gradient: largest relative error {error:.2e} (of counts up to {int(counts.max())})"
