@@ -316,6 +316,63 @@ def test_work_on_a_side_stream_is_ordered(cuda_device):
     torch.testing.assert_close(out.cpu(), expected, rtol=1e-10, atol=1e-10)
 
 
+def test_threads_on_their_own_streams_match_the_serial_results_bitwise(cuda_device):
+    """Four host threads, each on a stream of its own, build grids and plans and run forward and backward
+    passes in float32 and float16 (tiled kernels and tensor-core engine), and all use one shared plan
+    whose lazy parts (transposed map, row orders) are first built inside them: every result equals the
+    serial one bit for bit."""
+    import threading
+
+    members = [m.to(cuda_device) for m in sg.synthetic_shapes(4, 32, seed=31)]
+    shared_grid = sg.GridBatch.from_ijk(members)
+    shared = sg.ConvolutionPlan.from_grid(shared_grid, 3, 1, shared_grid)
+    g = torch.Generator().manual_seed(31)
+    x_cpu = torch.randn(shared_grid.num_voxels, 16, generator=g)
+    weights_cpu = {k: torch.randn(16, 16, k, k, k, generator=g) / 8 for k in (2, 3)}
+
+    def workload():
+        results = []
+        grid = sg.GridBatch.from_ijk(members)
+        coarse = grid.conv_grid(2, 2)
+        results += [grid.ijk, coarse.ijk, coarse.conv_transpose_grid(2, 2).ijk]
+        plans = [(sg.ConvolutionPlan.from_grid(grid, 3, 1, grid), 3), (sg.ConvolutionPlan.from_grid(grid, 2, 2), 2),
+                 (sg.ConvolutionPlan.from_grid_transposed(coarse, 2, 2, grid), 2), (shared, 3)]
+        for dtype in (torch.float32, torch.float16):
+            x = x_cpu.to(cuda_device, dtype)
+            for plan, k in plans:
+                source = x if plan.source_grid.num_voxels == x.shape[0] else x[:plan.source_grid.num_voxels]
+                source = source.detach().requires_grad_(True)
+                w = weights_cpu[k].to(cuda_device, dtype).detach().requires_grad_(True)
+                y = plan.execute(source, w)
+                y.float().square().sum().backward()
+                results += [y.detach(), source.grad, w.grad]
+        return [r.cpu() for r in results]
+
+    serial = workload()
+    outcomes, failures = [None] * 8, []
+
+    def run(index):
+        try:
+            stream = torch.cuda.Stream(cuda_device)
+            stream.wait_stream(torch.cuda.current_stream(cuda_device))
+            with torch.cuda.stream(stream):
+                outcomes[index] = workload()
+        except Exception as error:  # reported below, with the thread's index
+            failures.append(f"thread {index % 4}, round {index // 4}: {error!r}")
+
+    for round_ in range(2):
+        threads = [threading.Thread(target=run, args=(4 * round_ + t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert not failures, failures
+    for index, outcome in enumerate(outcomes):
+        assert len(outcome) == len(serial)
+        for n, (got, expected) in enumerate(zip(outcome, serial)):
+            assert torch.equal(got, expected), f"thread {index % 4}, round {index // 4}: result {n} differs"
+
+
 def test_other_cuda_devices_keep_their_work(cuda_device):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices")
