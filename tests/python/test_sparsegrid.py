@@ -3,6 +3,8 @@ torch conv3d / conv_transpose3d, read back at the target voxels (float64)."""
 
 import itertools
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -203,6 +205,29 @@ def test_bad_inputs_raise_clear_errors():
         grid.conv_grid(3, 0)
     with pytest.raises(RuntimeError, match="mask"):
         grid.pruned_grid(torch.ones(grid.num_voxels + 2, dtype=torch.bool))
+
+
+def test_outputs_too_large_for_the_host_raise_clear_errors():
+    """Outputs past the grid size limit are refused before allocating; outputs whose size is known only
+    once built, and too large for the host's memory, raise naming the operation (here under an address
+    space limit of 16 GB in a child process: the dilation of two far voxels by 640 needs 34 GB of keys)."""
+    one = sg.GridBatch.from_ijk(torch.zeros(1, 3, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match=r"refined_grid: .*2151685171 voxels, more than the 2\^31 - 1"):
+        one.refined_grid(1291)
+    script = """
+import resource, sys
+import torch, sparsegrid as sg
+grid = sg.GridBatch.from_ijk(torch.tensor([[0, 0, 0], [5000, 0, 0]], dtype=torch.int32))
+limit = 16 * 2**30
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+try:
+    grid.dilated_grid(640)
+except RuntimeError as error:
+    print("raised:", error)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "raised: dilated_grid: out of host memory" in result.stdout, result.stdout + result.stderr[-2000:]
 
 
 def test_from_points_uses_the_voxel_containing_each_point():
