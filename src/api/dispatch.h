@@ -30,7 +30,8 @@ decltype(auto) on_backend(const char* op, Device device, Fn&& fn) {
         throw Error(std::string(op) + ": " + error.what());
     } catch (const std::bad_alloc&) {
         // Host memory (device memory fails through the allocator's own Error, naming the bytes).
-        throw Error(std::string(op) + ": out of host memory (the output or its candidates are too large for "
+        throw Error(std::string(op) +
+                    ": out of host memory (the output or its candidates are too large for "
                     "this machine; the README's \"Sizes and memory\" says what each step needs)");
     }
 }
