@@ -29,7 +29,7 @@ decltype(auto) on_backend(const char* op, Device device, Fn&& fn) {
     } catch (const Error& error) {
         throw Error(std::string(op) + ": " + error.what());
     } catch (const std::bad_alloc&) {
-        // Host memory (device memory fails through the allocator's own Error, naming the bytes).
+        // Host memory of std containers (device memory and PyTorch's allocators fail with errors of their own).
         throw Error(std::string(op) +
                     ": out of host memory (the output or its candidates are too large for "
                     "this machine; the README's \"Sizes and memory\" says what each step needs)");
