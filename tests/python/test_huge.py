@@ -1,5 +1,6 @@
 """Grids past 80 million voxels, where N x 27 passes 2^31: the k3s1 plan and convolutions (forward, input
-and weight gradient, float32 and float16) on a dense cube of 470^3 = 103,823,000 voxels, spot-checked
+and weight gradient, float32 and float16) on a dense cube of 470^3 = 103,823,000 voxels, and the
+generative k2s2 transposed convolution to 660^3 = 287,496,000 voxels (8 x N past 2^31), spot-checked
 against values computed here from the coordinates alone. Needs a CUDA device with about 40 GB free and
 runs only when SPARSEGRID_HUGE_TESTS=1 (scripts/gpu-check.sh, phase huge); prints the time and the peak
 device memory of each step."""
@@ -104,3 +105,54 @@ def test_k3s1_plan_and_convolution_past_2_to_the_31_map_entries():
     got = w.grad.double().reshape(2, 2, 27).cpu()
     error = ((got - counts).abs() / counts).max()
     assert error < 1e-5, f"weight gradient: largest relative error {error:.2e} (of counts up to {int(counts.max())})"
+
+
+COARSE_SIDE = int(os.environ.get("SPARSEGRID_HUGE_COARSE_SIDE", "330"))  # fine 660^3 = 287,496,000 voxels
+
+
+def test_generative_k2s2_past_2_to_the_31_map_entries():
+    """The generative K = S = 2 transposed convolution from a dense cube of 330^3 = 35,937,000 voxels to its
+    subdivision of 287,496,000 voxels: 8 x N (the fine rows' map entries) passes 2^31. Each fine voxel has
+    exactly one edge, from its parent at the tap of its corner."""
+    device = torch.device(DEVICE)
+    axis = torch.arange(COARSE_SIDE, device=device, dtype=torch.int32)
+    coarse = sg.GridBatch.from_ijk(torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), -1).reshape(-1, 3))
+    plan = _step("k2s2 generative plan", lambda: sg.ConvolutionPlan.from_grid_transposed(coarse, 2, 2))
+    fine = plan.target_grid
+    n = fine.num_voxels
+    assert n == 8 * coarse.num_voxels and (8 * n > 2**31 or COARSE_SIDE != 330)
+
+    channels = 4
+    x = torch.randn(coarse.num_voxels, channels, device=device, requires_grad=True)
+    w = torch.randn(channels, channels, 2, 2, 2, device=device, requires_grad=True)
+    y = _step("k2s2 forward float32", lambda: plan.execute(x, w))
+    grad = torch.randn(n, channels, device=device)
+    _step("k2s2 backward float32", lambda: y.backward(grad))
+
+    generator = torch.Generator().manual_seed(1)
+    rows = torch.cat([torch.randint(0, n, (400,), generator=generator), torch.arange(n - 100, n)]).to(device)
+    fine_ijk = fine.ijk[rows]
+    parents = coarse.ijk_to_index(fine_ijk // 2)
+    assert (parents >= 0).all()
+    corner = fine_ijk % 2
+    taps = w.detach().double()[:, :, corner[:, 0].long(), corner[:, 1].long(), corner[:, 2].long()]  # [o, i, R]
+    reference = torch.einsum("oir,ri->ro", taps, x.detach().double()[parents])
+    error = (y.detach()[rows].double() - reference).norm() / reference.norm()
+    assert error < 1e-5, f"k2s2 forward: relative error {error:.2e}"
+    # Input gradient of sampled parents: the sum over their 8 children.
+    parent_rows = parents[:50]
+    children = fine.ijk_to_index((coarse.ijk[parent_rows].unsqueeze(1) * 2 + torch.tensor(
+        [[a, b, c] for a in (0, 1) for b in (0, 1) for c in (0, 1)], device=device, dtype=torch.int32)).reshape(-1, 3))
+    children = children.reshape(-1, 8)
+    assert (children >= 0).all()
+    weights = w.detach().double().reshape(channels, channels, 8)  # tap t = 4 a + 2 b + c
+    reference = torch.einsum("oit,pto->pi", weights, grad.double()[children])
+    error = (x.grad[parent_rows].double() - reference).norm() / reference.norm()
+    assert error < 1e-5, f"k2s2 input gradient: relative error {error:.2e}"
+    # Weight gradient with unit features and gradients: every tap has one edge per coarse voxel.
+    ones = torch.ones(coarse.num_voxels, 1, device=device)
+    w1 = torch.zeros(1, 1, 2, 2, 2, device=device, requires_grad=True)
+    y1 = plan.execute(ones, w1)
+    _step("k2s2 weight gradient of ones", lambda: y1.backward(torch.ones_like(y1)))
+    error = ((w1.grad.double().cpu() - coarse.num_voxels).abs() / coarse.num_voxels).max()
+    assert error < 1e-5, f"k2s2 weight gradient: largest relative error {error:.2e}"
