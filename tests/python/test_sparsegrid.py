@@ -164,6 +164,32 @@ def test_execution_builds_a_graph_only_when_a_gradient_can_be_asked_for():
         plan.execute(x, torch.randn(3, 4, 3, 3, 3, dtype=torch.float64))  # errors on the direct path too
 
 
+def test_execute_and_the_operator_give_the_same_gradients():
+    """execute's autograd from Python and the operator's autograd in C++ (for LibTorch) run the same
+    passes: bitwise equal outputs and gradients; neither is differentiable twice."""
+    grid = sg.GridBatch.from_ijk(random_members(13, 2))
+    plan = sg.ConvolutionPlan.from_grid(grid, 3, 2)
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(grid.num_voxels, 5, dtype=torch.float64, generator=g)
+    w = torch.randn(3, 5, 3, 3, 3, dtype=torch.float64, generator=g)
+    grad = torch.randn(plan.target_grid.num_voxels, 3, dtype=torch.float64, generator=g)
+    results = []
+    for run in (plan.execute, lambda a, b: torch.ops.sparsegrid.sparse_conv(a, b, plan._handle)):
+        for needs in ((True, True), (True, False), (False, True)):
+            xs, ws = x.clone().requires_grad_(needs[0]), w.clone().requires_grad_(needs[1])
+            y = run(xs, ws)
+            y.backward(grad)
+            results.append((y.detach(), xs.grad, ws.grad))
+    for (y0, gx0, gw0), (y1, gx1, gw1) in zip(results[:3], results[3:]):
+        assert torch.equal(y0, y1)
+        assert (gx0 is None) == (gx1 is None) and (gx0 is None or torch.equal(gx0, gx1))
+        assert (gw0 is None) == (gw1 is None) and (gw0 is None or torch.equal(gw0, gw1))
+    xs = x.clone().requires_grad_(True)
+    (gx,) = torch.autograd.grad(plan.execute(xs, w).square().sum(), xs, create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.sum().backward()
+
+
 def test_transposed_plan_shares_the_grids():
     grid = sg.GridBatch.from_ijk(random_members(4, 3))
     plan = sg.ConvolutionPlan.from_grid(grid, 2, 2)
