@@ -248,12 +248,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     };
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    mma::clear(acc);
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
@@ -306,15 +301,9 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
                 mma::load_matrices(r, stage + b_lane + static_cast<uint32_t>(16 * j * kPitch + kk * 32));
 #pragma unroll
                 for (int e = 0; e < 4; ++e) Op::prepare(r[e]);
-                b[2 * j][0] = r[0];
-                b[2 * j][1] = r[1];
-                b[2 * j + 1][0] = r[2];
-                b[2 * j + 1][1] = r[3];
+                mma::split_pair(b, j, r);
             }
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
+            mma::multiply<T>(acc, a, b);
         }
         if constexpr (kScatter) {
             if (++chunk < chunks) continue;
@@ -322,12 +311,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             // The tap's products are complete: each goes to its row's one output row at this tap.
             const int32_t* targets = table + active[tap_index++] * kTableStride;
             write_rows([&](int m) { return int64_t{targets[m]}; });
-#pragma unroll
-            for (int i = 0; i < MI; ++i)
-#pragma unroll
-                for (int j = 0; j < NI; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+            mma::clear(acc);
         }
     }
     mma::wait_copies<0>();  // no copy may still target shared memory when the block exits

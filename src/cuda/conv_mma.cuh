@@ -88,6 +88,36 @@ struct Mma<float> {
     }
 };
 
+/// A warp's accumulator tiles (MI x NI tiles of 16 x 8, 4 per lane) set to zero.
+template <int MI, int NI>
+__device__ __forceinline__ void clear(float (&acc)[MI][NI][4]) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+}
+
+/// acc[i][j] += a[i] b[j] for every tile of a warp, i outer, j inner.
+template <typename T, int MI, int NI>
+__device__ __forceinline__ void multiply(float (&acc)[MI][NI][4], const uint32_t (&a)[MI][4],
+                                         const uint32_t (&b)[NI][2]) {
+#pragma unroll
+    for (int i = 0; i < MI; ++i)
+#pragma unroll
+        for (int j = 0; j < NI; ++j) Mma<T>::run(acc[i][j], a[i], b[j][0], b[j][1]);
+}
+
+/// The four matrices of one x4 load of B, r, as the fragments of B tiles 2j and 2j + 1.
+template <int NI>
+__device__ __forceinline__ void split_pair(uint32_t (&b)[NI][2], int j, const uint32_t (&r)[4]) {
+    b[2 * j][0] = r[0];
+    b[2 * j][1] = r[1];
+    b[2 * j + 1][0] = r[2];
+    b[2 * j + 1][1] = r[3];
+}
+
 /// Two adjacent output elements (an accumulator pair of one row) rounded to T and stored at once;
 /// `out` is aligned to two elements.
 __device__ __forceinline__ void store_pair(__half* out, float a, float b) {

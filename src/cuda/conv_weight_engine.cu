@@ -127,12 +127,7 @@ __global__ __launch_bounds__(
     const uint32_t base = mma::shared_address(shared);
 
     float acc[MI][NI][4];
-#pragma unroll
-    for (int i = 0; i < MI; ++i)
-#pragma unroll
-        for (int j = 0; j < NI; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    mma::clear(acc);
 
     for (int64_t list0 = begin; list0 < end; list0 += kListRows) {
         const int64_t list_end = list0 + kListRows < end ? list0 + kListRows : end;
@@ -219,15 +214,9 @@ __global__ __launch_bounds__(
                         load_matrices_transposed(
                             r,
                             b_stage + static_cast<uint32_t>((16 * kk + b_k) * kPitchB + (warp_n + 16 * j + b_n) * E));
-                        b[2 * j][0] = r[0];
-                        b[2 * j][1] = r[1];
-                        b[2 * j + 1][0] = r[2];
-                        b[2 * j + 1][1] = r[3];
+                        mma::split_pair(b, j, r);
                     }
-#pragma unroll
-                    for (int i = 0; i < MI; ++i)
-#pragma unroll
-                        for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
+                    mma::multiply<T>(acc, a, b);
                 }
             } else {
                 // TF32: fragment elements read one by one (ldmatrix.trans moves 16-bit elements only):
@@ -260,10 +249,7 @@ __global__ __launch_bounds__(
                         Op::prepare(b[j][0]);
                         Op::prepare(b[j][1]);
                     }
-#pragma unroll
-                    for (int i = 0; i < MI; ++i)
-#pragma unroll
-                        for (int j = 0; j < NI; ++j) Op::run(acc[i][j], a[i], b[j][0], b[j][1]);
+                    mma::multiply<T>(acc, a, b);
                 }
             }
         }
