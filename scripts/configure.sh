@@ -8,15 +8,8 @@ build_dir=$1
 shift
 
 args=(-S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE="${SPARSEGRID_BUILD_TYPE:-Release}")
-# The PyTorch layer needs a g++ with a shared libstdc++ (CMakeLists.txt says why). Where the compiler
-# CMake would take ($CXX, else c++ or g++ on PATH) has none (a toolchain of static libraries only)
-# and /usr/bin/g++ has one, take /usr/bin/g++, for the CUDA host code too.
-has_shared_libstdcxx() { [[ $("$1" -print-file-name=libstdc++.so 2>/dev/null) == /* ]]; }
-cxx=${CXX:-$(command -v c++ || command -v g++ || true)}
-if [ -n "$cxx" ] && ! has_shared_libstdcxx "$cxx" && [ -x /usr/bin/g++ ] && has_shared_libstdcxx /usr/bin/g++; then
-  echo "configure.sh: $cxx has no shared libstdc++; using /usr/bin/g++"
-  export CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++
-fi
+# A g++ with a shared libstdc++ for the PyTorch layer (and the CUDA host code).
+source "$root/scripts/pick-compiler.sh"
 if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
 fi

@@ -229,15 +229,10 @@ if want wheel; then
   # environment that sees this interpreter's torch, imported from outside the tree and run on CUDA.
   wheel_dir="$build/wheel" venv="$build/wheel-venv"
   rm -rf "$wheel_dir" "$venv"
-  # The layer needs a g++ with a shared libstdc++: /usr/bin/g++ where the default compiler has none (as
-  # scripts/configure.sh does).
-  wheel_env=()
-  cxx=${CXX:-$(command -v c++ || command -v g++ || true)}
-  if [ -n "$cxx" ] && [[ $("$cxx" -print-file-name=libstdc++.so) != /* ]] && [ -x /usr/bin/g++ ]; then
-    wheel_env=(CXX=/usr/bin/g++ CC=/usr/bin/gcc CUDAHOSTCXX=/usr/bin/g++)
-  fi
-  step "wheel build" env ${wheel_env[@]+"${wheel_env[@]}"} python3 -m pip wheel --no-build-isolation --no-deps -w "$wheel_dir" "$root" \
-    -C cmake.define.CMAKE_CUDA_ARCHITECTURES="${SPARSEGRID_CUDA_ARCHS}" -C build-dir="$build/wheel-build"
+  # The layer needs a g++ with a shared libstdc++ (scripts/pick-compiler.sh, as for scripts/configure.sh).
+  step "wheel build" bash -c "source '$root/scripts/pick-compiler.sh' && python3 -m pip wheel --no-build-isolation \
+    --no-deps -w '$wheel_dir' '$root' -C cmake.define.CMAKE_CUDA_ARCHITECTURES='${SPARSEGRID_CUDA_ARCHS}' \
+    -C build-dir='$build/wheel-build'"
   # The venv sees this interpreter's torch through a .pth file (python3 may itself be a venv, whose packages
   # --system-site-packages would not show).
   torch_site=$(python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
