@@ -451,7 +451,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
                                                static_cast<int32_t>(y_channels), args.scatter,
                                                kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
     };
-    if (index == kEngineAutomatic) {
+    if (index == kEngineAutomatic && !engine_tuning_idle()) {
         static const std::vector<std::string> names = [] {
             std::vector<std::string> all = engine_configurations();
             all.resize(kEngineConfigCount);
@@ -465,8 +465,9 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
                                 floor_log2(args.rows)};
         const TunedConfiguration tuned = tuned_configuration(shape, names, launch, ctx);
         if (tuned.ran) return true;
-        index = tuned.index != kEngineAutomatic ? tuned.index : automatic_config(x_channels, y_channels, sizeof(T));
+        index = tuned.index;
     }
+    if (index == kEngineAutomatic) index = automatic_config(x_channels, y_channels, sizeof(T));
     launch(index);
     return true;
 }

@@ -273,6 +273,11 @@ struct TunedConfiguration {
     bool ran;   ///< the execution was run (timed) and its output is complete
 };
 
+/// True once the tuner is known to have nothing to say (tuning off, no recorded choice): callers then
+/// take the automatic choice without building a shape or a launcher for tuned_configuration. One
+/// atomic load.
+bool engine_tuning_idle();
+
 /// The recorded choice for `shape` (from this process or the tuning file); with tuning on and none
 /// recorded, times run(i) for every i in `names` (waits for the device), records the fastest and
 /// rewrites the file. Thread-safe.

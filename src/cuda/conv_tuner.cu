@@ -100,10 +100,12 @@ void set_engine_tuning(bool enabled, const std::string& file) {
     t.update_active();
 }
 
+bool engine_tuning_idle() { return tuner().active.load(std::memory_order_acquire) == 0; }
+
 TunedConfiguration tuned_configuration(const EngineShape& shape, const std::vector<std::string>& names,
                                        const std::function<void(int)>& run, const Context& ctx) {
     Tuner& t = tuner();
-    if (t.active.load(std::memory_order_acquire) == 0) return {kEngineAutomatic, false};
+    if (engine_tuning_idle()) return {kEngineAutomatic, false};
     std::lock_guard<std::mutex> lock(t.mutex);
     t.configure_from_environment();
     t.update_active();

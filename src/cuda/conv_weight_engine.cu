@@ -378,14 +378,15 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
             static_cast<T*>(args.grad_weight));
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     };
-    if (index == kEngineAutomatic) {
+    if (index == kEngineAutomatic && !engine_tuning_idle()) {
         static const std::vector<std::string> names = weight_engine_configurations();
         const EngineShape shape{"weight",    engine_dtype_name<T>(), a_channels, b_channels,
                                 args.volume, floor_log2(args.rows)};
         const TunedConfiguration tuned = tuned_configuration(shape, names, launch, ctx);
         if (tuned.ran) return true;
-        index = tuned.index != kEngineAutomatic ? tuned.index : automatic_weight_config(a_channels, b_channels);
+        index = tuned.index;
     }
+    if (index == kEngineAutomatic) index = automatic_weight_config(a_channels, b_channels);
     launch(index);
     return true;
 }
