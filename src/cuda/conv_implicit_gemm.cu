@@ -207,9 +207,16 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     // Issues the copies of the next k step into stage `stage` (nothing past the last step; the caller
     // commits a group either way, so that group counting stays uniform). Steps are issued in order, so
     // the (tap, chunk) of the next one is kept as counters.
+    //
+    // Scatter mode with one channel chunk: the A tile (the block's own rows) is the same at every step,
+    // so it is copied once, into stage 0, and only B is pipelined. Rows without an edge at a tap then
+    // multiply their features instead of zeros, but those products are never written (their target is
+    // -1), and the written ones are the same sums in the same order.
+    const bool resident_a = kScatter && chunks == 1;
     int load_tap = 0, load_chunk = 0, loaded = 0;
     auto load_next = [&](int stage) {
         if (loaded >= steps) return;
+        const bool copy_a = !resident_a || loaded == 0;
         ++loaded;
         const int t = active[load_tap];
         const int k = load_chunk * kChunk + v * kElementsPerVector;
@@ -218,6 +225,14 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             ++load_tap;
         }
         const bool k_valid = k < x_channels;
+        const uint32_t b_stage = base + static_cast<uint32_t>(stage * kStageBytes) + b_copy;
+        const T* w = packed + (int64_t{t} * y_channels + n0 + group * kRowsB) * x_channels + k;
+#pragma unroll
+        for (int c = 0; c < kRowsB; ++c) {
+            const bool valid = b_row_valid[c] && k_valid;
+            mma::copy16(b_stage + static_cast<uint32_t>(c * kPitch), valid ? w + c * x_channels : packed, valid);
+        }
+        if (!copy_a) return;
         const uint32_t a_stage = base + static_cast<uint32_t>(stage * kStageBytes) + a_copy;
         int32_t src[kRowsA];
         const int32_t* sources = table + t * kTableStride + group * kRowsA;
@@ -233,17 +248,15 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
         }
 #pragma unroll
         for (int c = 0; c < kRowsA; ++c) {
-            const bool valid = src[c] >= 0 && k_valid;
-            const int64_t row = kScatter ? own_rows[c] : int64_t{src[c]};
+            bool present = src[c] >= 0;
+            int64_t row = src[c];
+            if constexpr (kScatter) {
+                present = resident_a ? own_rows[c] >= 0 : present;
+                row = own_rows[c];
+            }
+            const bool valid = present && k_valid;
             const T* from = x + (valid ? row * x_channels + k : 0);
             mma::copy16(a_stage + static_cast<uint32_t>(c * kPitch), from, valid);
-        }
-        const uint32_t b_stage = base + static_cast<uint32_t>(stage * kStageBytes) + b_copy;
-        const T* w = packed + (int64_t{t} * y_channels + n0 + group * kRowsB) * x_channels + k;
-#pragma unroll
-        for (int c = 0; c < kRowsB; ++c) {
-            const bool valid = b_row_valid[c] && k_valid;
-            mma::copy16(b_stage + static_cast<uint32_t>(c * kPitch), valid ? w + c * x_channels : packed, valid);
         }
     };
 
@@ -285,13 +298,14 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
         load_next((step + kStages - 1) % kStages);
         mma::commit_copies();
         const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
+        const uint32_t a_tile = resident_a ? base : stage;  // resident: stage 0's A area
 #pragma unroll
         for (int kk = 0; kk < kRowBytes / 32; ++kk) {
             uint32_t a[MI][4];
             uint32_t b[NI][2];
 #pragma unroll
             for (int i = 0; i < MI; ++i) {
-                mma::load_matrices(a[i], stage + a_lane + static_cast<uint32_t>(16 * i * kPitch + kk * 32));
+                mma::load_matrices(a[i], a_tile + a_lane + static_cast<uint32_t>(16 * i * kPitch + kk * 32));
 #pragma unroll
                 for (int e = 0; e < 4; ++e) Op::prepare(a[i][e]);
             }
