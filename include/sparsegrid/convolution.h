@@ -60,8 +60,10 @@ public:
     /// Neighbour map with rows = source voxels (the transpose of target_map()).
     const KernelMap& source_map() const;
 
-    /// Builds now what executions otherwise build on first use: the source-rows map and, on CUDA, the
-    /// execution order of both maps (on the target grid's stream, or `ctx`'s). Optional.
+    /// Builds now what executions otherwise build on first use: the source-rows map (except for a plan on
+    /// one grid with stride 1 and odd kernel sizes, whose executions read the target rows' map with the
+    /// taps mirrored) and, on CUDA, the execution order of the maps (on the target grid's stream, or
+    /// `ctx`'s). Optional.
     void prepare() const;
     void prepare(const Context& ctx) const;
 
@@ -96,6 +98,10 @@ private:
                      const Context& ctx) const;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
                                     MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
+    /// Source and target are one grid, the stride is 1 and every kernel size odd: the map with rows =
+    /// source voxels is the target rows' map with the taps mirrored (t -> volume - 1 - t), so it is never
+    /// built; the passes that need it read the other map with the weight's taps mirrored.
+    bool mirrored_maps() const;
 
     GridBatch m_source;
     GridBatch m_target;

@@ -209,15 +209,25 @@ void ConvolutionPlan::prepare(const Context& ctx) const {
         throw_error(op, ": the context's device ", ctx.device.str(), " differs from the plan's device ",
                     m_target.device().str());
     if (!m_maps) return;
-    m_maps->slot(1);
     m_maps->row_order(op, 0, ctx);
+    if (mirrored_maps()) return;  // the second map is never needed
+    m_maps->slot(1);
     m_maps->row_order(op, 1, ctx);
+}
+
+bool ConvolutionPlan::mirrored_maps() const {
+    return m_maps && &m_source.storage() == &m_target.storage() && m_stride == Vec3i{1, 1, 1} &&
+        m_kernel_size[0] % 2 == 1 && m_kernel_size[1] % 2 == 1 && m_kernel_size[2] % 2 == 1;
 }
 
 void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
                                   const void* weight, bool transpose_weight, void* out, int64_t x_channels,
                                   int64_t out_channels, DType dtype, const Context& ctx) const {
     detail::MapConvolution args;
+    if (slot == 1 && mirrored_maps()) {
+        slot = 0;
+        args.reverse_taps = true;
+    }
     args.rows = rows;
     args.out_rows = rows;
     args.volume = m_maps ? kernel_volume() : 1;

@@ -41,6 +41,9 @@ struct MapConvolution {
     const void* x = nullptr;
     const void* weight = nullptr;
     bool transpose_weight = false;
+    /// Tap t of the map takes the weight's tap volume - 1 - t: the other map of a plan on one grid with
+    /// stride 1 and odd kernel sizes, whose rows of sources are its rows of targets with the taps mirrored.
+    bool reverse_taps = false;
     void* out = nullptr;
     int64_t x_channels = 0;
     int64_t out_channels = 0;

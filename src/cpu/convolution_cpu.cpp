@@ -16,7 +16,7 @@ namespace {
 /// output channels.
 template <typename T>
 std::vector<T> pack_weight(const T* weight, int32_t volume, int64_t in_channels, int64_t out_channels,
-                           bool transpose_weight) {
+                           bool transpose_weight, bool reverse_taps) {
     const int64_t x_channels = transpose_weight ? out_channels : in_channels;
     const int64_t y_channels = transpose_weight ? in_channels : out_channels;
     std::vector<T> packed(static_cast<size_t>(volume * x_channels * y_channels));
@@ -26,7 +26,8 @@ std::vector<T> pack_weight(const T* weight, int32_t volume, int64_t in_channels,
                 const T w = weight[(co * in_channels + ci) * volume + t];
                 const int64_t xi = transpose_weight ? co : ci;
                 const int64_t yi = transpose_weight ? ci : co;
-                packed[(t * x_channels + xi) * y_channels + yi] = w;
+                const int64_t tap = reverse_taps ? volume - 1 - t : t;
+                packed[(tap * x_channels + xi) * y_channels + yi] = w;
             }
     return packed;
 }
@@ -71,10 +72,10 @@ void row_tail(const int32_t* map, int64_t r, int32_t volume, const T* x, const T
 
 template <typename T>
 void map_convolution_typed(const int32_t* map, int64_t rows, int32_t volume, const T* x, const T* weight,
-                           bool transpose_weight, T* out, int64_t x_channels, int64_t out_channels) {
+                           bool transpose_weight, bool reverse_taps, T* out, int64_t x_channels, int64_t out_channels) {
     const int64_t in_channels = transpose_weight ? out_channels : x_channels;
     const int64_t weight_out = transpose_weight ? x_channels : out_channels;
-    const std::vector<T> packed = pack_weight(weight, volume, in_channels, weight_out, transpose_weight);
+    const std::vector<T> packed = pack_weight(weight, volume, in_channels, weight_out, transpose_weight, reverse_taps);
     // Output channels in register blocks of 32, 16 and 8 (the sums stay out of memory), then the rest.
     parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
         for (int64_t r = begin; r < end; ++r) {
@@ -208,11 +209,11 @@ void CpuBackend::map_convolution(const MapConvolution& args, const Context&) {
     if (args.scatter) throw_error("the CPU backend has no scatter mode (the front end gathers on the CPU)");
     if (args.dtype == DType::Float32)
         map_convolution_typed(args.map, args.rows, args.volume, static_cast<const float*>(args.x),
-                              static_cast<const float*>(args.weight), args.transpose_weight,
+                              static_cast<const float*>(args.weight), args.transpose_weight, args.reverse_taps,
                               static_cast<float*>(args.out), args.x_channels, args.out_channels);
     else
         map_convolution_typed(args.map, args.rows, args.volume, static_cast<const double*>(args.x),
-                              static_cast<const double*>(args.weight), args.transpose_weight,
+                              static_cast<const double*>(args.weight), args.transpose_weight, args.reverse_taps,
                               static_cast<double*>(args.out), args.x_channels, args.out_channels);
 }
 

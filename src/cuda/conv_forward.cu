@@ -29,7 +29,7 @@ namespace {
 /// with (xi, yi) = (ci, co), or (co, ci) when `transpose`.
 template <typename T, typename A>
 __global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__ packed, int32_t volume,
-                                   int64_t in_channels, int64_t out_channels, bool transpose) {
+                                   int64_t in_channels, int64_t out_channels, bool transpose, bool reverse_taps) {
     const int64_t total = int64_t{volume} * in_channels * out_channels;
     SG_GRID_STRIDE_LOOP(n, total) {
         const int64_t t = n % volume;
@@ -40,7 +40,8 @@ __global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__
         const int64_t yi = transpose ? ci : co;
         const int64_t x_channels = transpose ? out_channels : in_channels;
         const int64_t y_channels = transpose ? in_channels : out_channels;
-        packed[(t * x_channels + xi) * y_channels + yi] = to_acc<A>(weight[n]);
+        const int64_t tap = reverse_taps ? volume - 1 - t : t;
+        packed[(tap * x_channels + xi) * y_channels + yi] = to_acc<A>(weight[n]);
     }
 }
 
@@ -372,7 +373,7 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
             // Tensor cores: weights packed in T, float32 accumulators.
             Buffer<T> packed = Buffer<T>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
             pack_weight_kernel<T, T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
-                weight, packed.data(), volume, in_channels, out_channels, transpose_weight);
+                weight, packed.data(), volume, in_channels, out_channels, transpose_weight, args.reverse_taps);
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
             // 16-byte loads where rows of x and of the packed weights start 16-byte aligned.
             constexpr int kVector = 16 / static_cast<int>(sizeof(T));
@@ -394,7 +395,7 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
     }
     Buffer<A> packed = Buffer<A>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
     pack_weight_kernel<T, A><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
-        weight, packed.data(), volume, in_channels, out_channels, transpose_weight);
+        weight, packed.data(), volume, in_channels, out_channels, transpose_weight, args.reverse_taps);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);

@@ -80,10 +80,12 @@ constexpr int kEngineConfigCount = static_cast<int>(sizeof(kEngineConfigs) / siz
 
 /// packed[(t * y_channels + yi) * x_channels + xi] from weight[(co * in_channels + ci) * volume + t] with
 /// (xi, yi) = (ci, co), or (co, ci) when `transpose`: per tap, one row of x channels per output channel,
-/// the column-major B operand of the mma.
+/// the column-major B operand of the mma. With `reverse_taps`, packed tap t holds the weight's tap
+/// volume - 1 - t.
 template <typename T>
 __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __restrict__ packed, int32_t volume,
-                                          int64_t in_channels, int64_t out_channels, bool transpose) {
+                                          int64_t in_channels, int64_t out_channels, bool transpose,
+                                          bool reverse_taps) {
     const int64_t total = int64_t{volume} * in_channels * out_channels;
     const int64_t x_channels = transpose ? out_channels : in_channels;
     const int64_t y_channels = transpose ? in_channels : out_channels;
@@ -95,7 +97,7 @@ __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __res
         const int64_t t = rest / y_channels;
         const int64_t ci = transpose ? yi : xi;
         const int64_t co = transpose ? xi : yi;
-        packed[n] = weight[(co * in_channels + ci) * volume + t];
+        packed[n] = weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)];
     }
 }
 
@@ -436,7 +438,7 @@ Buffer<T> pack_engine_weight(const MapConvolution& args, const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
     pack_engine_weight_kernel<T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
         static_cast<const T*>(args.weight), packed.data(), args.volume, in_channels, out_channels,
-        args.transpose_weight);
+        args.transpose_weight, args.reverse_taps);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     return packed;
 }

@@ -191,6 +191,33 @@ TEST(Convolution, PlansOnGivenTargets) {
     check_plan(ConvolutionPlan::make_transposed(source, other, {2, 2, 2}, {2, 1, 2}), rng);
 }
 
+TEST(Convolution, PlansOnTheirSourceGrid) {
+    // Stride 1 and odd kernel sizes on one grid: the passes that need the map with rows = source voxels
+    // read the target rows' map with the taps mirrored instead (ConvolutionPlan::mirrored_maps). Even and
+    // mixed kernel sizes and both directions, against the oracle; and the mirror relation itself.
+    Rng rng(4811);
+    const GridBatch grid = random_grid(4811, 3);
+    const std::vector<Vec3i> kernels = {{3, 3, 3}, {3, 1, 5}, {1, 3, 1}, {5, 5, 5}, {2, 2, 2}, {3, 2, 3}};
+    for (const Vec3i& k : kernels) {
+        SCOPED_TRACE("K=" + str(k));
+        const ConvolutionPlan forward = ConvolutionPlan::make(grid, grid, k, {1, 1, 1});
+        check_plan(forward, rng);
+        check_plan(forward.transposed(), rng);
+        check_plan(ConvolutionPlan::make_transposed(grid, grid, k, {1, 1, 1}), rng);
+        if (k[0] % 2 == 1 && k[1] % 2 == 1 && k[2] % 2 == 1) {
+            const std::vector<int32_t> rows_of_target = map_host(forward.target_map());
+            const std::vector<int32_t> rows_of_source = map_host(forward.source_map());
+            const int32_t volume = forward.kernel_volume();
+            bool mirrored = rows_of_target.size() == rows_of_source.size();
+            for (std::size_t n = 0; mirrored && n < rows_of_target.size(); ++n) {
+                const std::size_t row = n / volume, t = n % volume;
+                mirrored = rows_of_source[n] == rows_of_target[row * volume + (volume - 1 - t)];
+            }
+            EXPECT_TRUE(mirrored) << "the source rows' map is the target rows' map with the taps mirrored";
+        }
+    }
+}
+
 TEST(Convolution, IdentityPlanIsAMatrixProduct) {
     Rng rng(99);
     const GridBatch grid = random_grid(99, 4);
