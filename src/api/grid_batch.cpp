@@ -7,6 +7,7 @@
 #include "api/validation.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace sparsegrid {
 
@@ -60,6 +61,13 @@ MemberTransform refine_transform(const MemberTransform& t, const Vec3i& factor) 
 }  // namespace
 
 namespace detail {
+
+namespace {
+std::atomic<int64_t> g_lookup_builds{0};
+}  // namespace
+
+int64_t lookup_builds() { return g_lookup_builds.load(std::memory_order_relaxed); }
+void count_lookup_build() { g_lookup_builds.fetch_add(1, std::memory_order_relaxed); }
 
 GridBatch make_grid(GridTopology topology, std::vector<MemberTransform> transforms, const Context& ctx) {
     // Outputs whose size is known only once built (conv_grid, merged_grid, from_points, ...).

@@ -4,6 +4,9 @@
 #include <sparsegrid/buffer.h>
 #include <sparsegrid/types.h>
 
+#include <cstdint>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 namespace sparsegrid::detail {
@@ -15,13 +18,41 @@ struct GridTopology {
     CoordBox box;                    ///< contains every voxel
 };
 
+/// What a backend derives from a grid and keeps with it once built: the lookup structure of its kernel
+/// maps (a hash table or sorted keys), so that every map and plan whose source is the grid reuses it.
+/// Built on first use under the mutex, freed with the grid.
+struct GridCache {
+    std::mutex mutex;
+    const void* lookup_type = nullptr;  ///< identifies the type behind `lookup` (one static per type)
+    std::shared_ptr<const void> lookup;
+};
+
+/// Lookups built so far in this process (every GridCache fill): lets tests check that a grid builds
+/// its lookup once.
+int64_t lookup_builds();
+void count_lookup_build();
+
 struct GridStorage {
     GridTopology topology;
     std::vector<MemberTransform> transforms;
     Context context;
+    mutable GridCache cache;
 
     int64_t batch_size() const { return static_cast<int64_t>(topology.offsets.size()) - 1; }
     int64_t num_voxels() const { return topology.offsets.back(); }
 };
+
+/// The grid's cached lookup of type T, built by `make()` (returning a T) on first use.
+template <typename T, typename Make>
+std::shared_ptr<const T> cached_lookup(const GridStorage& grid, Make&& make) {
+    static const char tag = 0;
+    std::lock_guard<std::mutex> lock(grid.cache.mutex);
+    if (!grid.cache.lookup || grid.cache.lookup_type != &tag) {
+        grid.cache.lookup = std::make_shared<const T>(make());
+        grid.cache.lookup_type = &tag;
+        count_lookup_build();
+    }
+    return std::static_pointer_cast<const T>(grid.cache.lookup);
+}
 
 }  // namespace sparsegrid::detail

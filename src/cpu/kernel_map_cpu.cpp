@@ -123,16 +123,17 @@ private:
     std::vector<int32_t> m_values;
 };
 
-/// Runs fn with the lookup of `grid`: the hash table for 64-bit keys, the sorted search otherwise.
+/// Runs fn with the lookup of `grid`: the hash table for 64-bit keys, the sorted search otherwise; built
+/// once per grid and kept with it (GridCache).
 template <typename Fn>
 auto with_lookup(const GridStorage& grid, Fn&& fn) {
     const KeyCodec codec = make_codec(grid.topology.box, grid.batch_size());
     if (codec.fits_64()) {
-        const HashLookup lookup(grid);
-        return fn(lookup, uint64_t{});
+        const auto lookup = cached_lookup<HashLookup>(grid, [&] { return HashLookup(grid); });
+        return fn(*lookup, uint64_t{});
     }
-    const SortedLookup<Key128> lookup(grid);
-    return fn(lookup, Key128{});
+    const auto lookup = cached_lookup<SortedLookup<Key128>>(grid, [&] { return SortedLookup<Key128>(grid); });
+    return fn(*lookup, Key128{});
 }
 
 }  // namespace

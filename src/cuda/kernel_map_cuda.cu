@@ -133,15 +133,18 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
     return storage;
 }
 
+/// Runs fn with the lookup of `grid`, built once per grid on the grid's stream and kept with it
+/// (GridCache): later maps and plans on the grid reuse it.
 template <typename Fn>
 auto with_lookup(const GridStorage& grid, Fn&& fn) {
     const KeyCodec codec = make_codec(grid.topology.box, grid.batch_size());
     if (codec.fits_64()) {
-        const LookupStorage<uint64_t> lookup = make_lookup<uint64_t>(grid, codec);
-        return fn(lookup.view);
+        const auto lookup = cached_lookup<LookupStorage<uint64_t>>(grid,
+                                                                   [&] { return make_lookup<uint64_t>(grid, codec); });
+        return fn(lookup->view);
     }
-    const LookupStorage<Key128> lookup = make_lookup<Key128>(grid, codec);
-    return fn(lookup.view);
+    const auto lookup = cached_lookup<LookupStorage<Key128>>(grid, [&] { return make_lookup<Key128>(grid, codec); });
+    return fn(lookup->view);
 }
 
 template <typename KeyT>

@@ -1,5 +1,6 @@
 // Kernel maps against the oracle's literal enumeration of the edge relation, their per-tap pair lists,
 // and transposition. Every test runs on each backend present (test_util.h).
+#include "core/storage.h"
 #include "oracle.h"
 #include "test_util.h"
 
@@ -133,6 +134,26 @@ TEST_P(KernelMapTest, MapsBetweenUnrelatedGrids) {
                 check_map(c.grid.dilated_grid(1), c.grid.coarsened_grid(s), k, s, MapDirection::Forward);
             }
         }
+}
+
+TEST_P(KernelMapTest, AGridBuildsItsLookupOnce) {
+    // The lookup of a map's source grid is built with its first map and kept with the grid: later maps
+    // from it (other kernels, strides, targets, directions) reuse it, and give the oracle's answers.
+    const MapCase c = make_map_case(1, false, ctx());
+    const GridBatch coarse = c.grid.coarsened_grid(2);
+    const GridBatch other = coarse.conv_grid(3, 1);  // built before counting: its own lookups do not count
+    const int64_t before = sparsegrid::detail::lookup_builds();
+    check_map(c.grid, c.grid, {3, 3, 3}, {1, 1, 1}, MapDirection::Forward);
+    EXPECT_EQ(sparsegrid::detail::lookup_builds(), before + 1);
+    check_map(c.grid, c.grid, {5, 1, 3}, {1, 1, 1}, MapDirection::Transposed);
+    EXPECT_EQ(sparsegrid::detail::lookup_builds(), before + 1);
+    // check_map also builds the opposite maps, from the targets: one lookup for each of them.
+    check_map(c.grid, coarse, {2, 2, 2}, {2, 2, 2}, MapDirection::Forward);
+    check_map(c.grid, other, {3, 3, 3}, {2, 2, 2}, MapDirection::Forward);
+    EXPECT_EQ(sparsegrid::detail::lookup_builds(), before + 3);
+    check_map(coarse, c.grid, {2, 2, 2}, {2, 2, 2}, MapDirection::Transposed);
+    check_map(other, c.grid, {3, 3, 3}, {1, 2, 1}, MapDirection::Transposed);
+    EXPECT_EQ(sparsegrid::detail::lookup_builds(), before + 3) << "one lookup per grid, whatever its maps";
 }
 
 TEST_P(KernelMapTest, SubmanifoldOddKernelIsSymmetric) {
