@@ -7,8 +7,11 @@
 #include "api/validation.h"
 #include "core/env.h"
 
+#include <algorithm>
 #include <climits>
+#include <memory>
 #include <mutex>
+#include <optional>
 
 namespace sparsegrid {
 
@@ -113,6 +116,52 @@ std::shared_ptr<detail::PlanMaps> maps_of(KernelMap map) {
     return maps;
 }
 
+using detail::CachedPlan;
+
+/// The plan of (kernel size, stride, direction, target) kept on `source`, if any. Entries whose given
+/// target grid is gone are dropped first.
+std::optional<CachedPlan> find_plan(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride,
+                                    MapDirection direction, CachedPlan::Target kind, const GridBatch* target) {
+    detail::GridCache& cache = source.storage().cache;
+    const std::lock_guard<std::mutex> lock(cache.plan_mutex);
+    auto& plans = cache.plans;
+    plans.erase(
+        std::remove_if(plans.begin(), plans.end(),
+                       [](const CachedPlan& p) { return p.kind == CachedPlan::Target::Given && p.target.expired(); }),
+        plans.end());
+    const int code = direction == MapDirection::Forward ? 0 : 1;
+    for (const CachedPlan& p : plans)
+        if (p.kernel_size == kernel_size && p.stride == stride && p.direction == code && p.kind == kind &&
+            (kind != CachedPlan::Target::Given || p.target.lock().get() == &target->storage()))
+            return p;
+    return std::nullopt;
+}
+
+/// Keeps a plan's maps (and generated target) on its source grid: the next make() of the same plan
+/// returns them. Two threads building the same plan at once keep the first.
+std::shared_ptr<detail::PlanMaps> keep_plan(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride,
+                                            MapDirection direction, CachedPlan::Target kind, const GridBatch* target,
+                                            std::shared_ptr<detail::PlanMaps> maps) {
+    if (auto kept = find_plan(source, kernel_size, stride, direction, kind, target)) return kept->maps;
+    CachedPlan plan;
+    plan.kernel_size = kernel_size;
+    plan.stride = stride;
+    plan.direction = direction == MapDirection::Forward ? 0 : 1;
+    plan.kind = kind;
+    if (kind == CachedPlan::Target::Given) plan.target = target->storage().weak_from_this();
+    if (kind == CachedPlan::Target::Generated) plan.generated = target->storage().shared_from_this();
+    plan.maps = maps;
+    detail::GridCache& cache = source.storage().cache;
+    const std::lock_guard<std::mutex> lock(cache.plan_mutex);
+    cache.plans.push_back(std::move(plan));
+    return maps;
+}
+
+/// Target kind of a plan from `source` to an existing `target`.
+CachedPlan::Target kind_of(const GridBatch& source, const GridBatch& target) {
+    return &source.storage() == &target.storage() ? CachedPlan::Target::Source : CachedPlan::Target::Given;
+}
+
 }  // namespace
 
 ConvolutionPlan ConvolutionPlan::assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size,
@@ -133,9 +182,13 @@ ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kern
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
     // K = S = 1 generates the source itself: the identity plan, a plain matrix product without a map.
     if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, MapDirection::Forward, nullptr);
+    constexpr auto kGenerated = CachedPlan::Target::Generated;
+    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Forward, kGenerated, nullptr))
+        return assemble(source, GridBatch(kept->generated), kernel_size, stride, MapDirection::Forward, kept->maps);
     GridAndMap built = detail::build_conv_grid_and_map(op, source, g);
-    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Forward,
-                    maps_of(std::move(built.map)));
+    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Forward, kGenerated, &built.grid,
+                          maps_of(std::move(built.map)));
+    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Forward, std::move(maps));
 }
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
@@ -144,8 +197,12 @@ ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& 
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
     if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
         return assemble(source, target, kernel_size, stride, MapDirection::Forward, nullptr);
-    return assemble(source, target, kernel_size, stride, MapDirection::Forward,
-                    maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Forward)));
+    const CachedPlan::Target kind = kind_of(source, target);
+    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Forward, kind, &target))
+        return assemble(source, target, kernel_size, stride, MapDirection::Forward, kept->maps);
+    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Forward, kind, &target,
+                          maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Forward)));
+    return assemble(source, target, kernel_size, stride, MapDirection::Forward, std::move(maps));
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const Vec3i& kernel_size,
@@ -153,9 +210,13 @@ ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const 
     constexpr const char* op = "ConvolutionPlan::make_transposed";
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
     if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, MapDirection::Transposed, nullptr);
+    constexpr auto kGenerated = CachedPlan::Target::Generated;
+    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Transposed, kGenerated, nullptr))
+        return assemble(source, GridBatch(kept->generated), kernel_size, stride, MapDirection::Transposed, kept->maps);
     GridAndMap built = detail::build_conv_transpose_grid_and_map(op, source, g);
-    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Transposed,
-                    maps_of(std::move(built.map)));
+    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Transposed, kGenerated, &built.grid,
+                          maps_of(std::move(built.map)));
+    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Transposed, std::move(maps));
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
@@ -164,8 +225,12 @@ ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const 
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
     if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
         return assemble(source, target, kernel_size, stride, MapDirection::Transposed, nullptr);
-    return assemble(source, target, kernel_size, stride, MapDirection::Transposed,
-                    maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Transposed)));
+    const CachedPlan::Target kind = kind_of(source, target);
+    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Transposed, kind, &target))
+        return assemble(source, target, kernel_size, stride, MapDirection::Transposed, kept->maps);
+    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Transposed, kind, &target,
+                          maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Transposed)));
+    return assemble(source, target, kernel_size, stride, MapDirection::Transposed, std::move(maps));
 }
 
 ConvolutionPlan ConvolutionPlan::transposed() const {

@@ -18,13 +18,32 @@ struct GridTopology {
     CoordBox box;                    ///< contains every voxel
 };
 
-/// What a backend derives from a grid and keeps with it once built: the lookup structure of its kernel
-/// maps (a hash table or sorted keys), so that every map and plan whose source is the grid reuses it.
-/// Built on first use under the mutex, freed with the grid.
+struct GridStorage;
+struct PlanMaps;  // convolution.cpp
+
+/// A convolution plan kept on its source grid (GridCache::plans): its kernel size, stride, direction and
+/// target -- generated from the source (`generated`), the source itself, or a given grid (`target`,
+/// held weakly: an entry whose target is gone is dropped) -- and its maps.
+struct CachedPlan {
+    enum class Target { Generated, Source, Given };
+    Vec3i kernel_size{};
+    Vec3i stride{};
+    int direction = 0;
+    Target kind = Target::Generated;
+    std::weak_ptr<const GridStorage> target;
+    std::shared_ptr<const GridStorage> generated;
+    std::shared_ptr<PlanMaps> maps;
+};
+
+/// What the library derives from a grid and keeps with it once built, freed with the grid: the lookup
+/// structure of its kernel maps (a hash table or sorted keys), which every map and plan whose source is
+/// the grid reuses, and the plans whose source it is. Each is built on first use, under its mutex.
 struct GridCache {
     std::mutex mutex;
     const void* lookup_type = nullptr;  ///< identifies the type behind `lookup` (one static per type)
     std::shared_ptr<const void> lookup;
+    std::mutex plan_mutex;
+    std::vector<CachedPlan> plans;
 };
 
 /// Lookups built so far in this process (every GridCache fill): lets tests check that a grid builds
@@ -32,7 +51,7 @@ struct GridCache {
 int64_t lookup_builds();
 void count_lookup_build();
 
-struct GridStorage {
+struct GridStorage : std::enable_shared_from_this<GridStorage> {
     GridTopology topology;
     std::vector<MemberTransform> transforms;
     Context context;

@@ -3,6 +3,7 @@
 // read out at the target voxels. The library computes the same sums in gather form over its maps, so
 // the two share nothing but the definition. The CUDA backend is checked against the CPU one in
 // test_convolution_cuda.cpp.
+#include "core/storage.h"
 #include "oracle.h"
 #include "test_util.h"
 
@@ -216,6 +217,47 @@ TEST(Convolution, PlansOnTheirSourceGrid) {
             EXPECT_TRUE(mirrored) << "the source rows' map is the target rows' map with the taps mirrored";
         }
     }
+}
+
+TEST(Convolution, PlansAreKeptOnTheirSourceGrid) {
+    // make() of a plan already made from the same source returns its maps (and its generated target)
+    // again; other kernel sizes, strides, directions and targets get their own; entries of given targets
+    // that are gone are dropped; and nothing keeps the source alive (no reference cycle).
+    const GridBatch other = random_grid(4911, 2);
+    std::weak_ptr<const sparsegrid::detail::GridStorage> source_alive, generated_alive;
+    {
+        const GridBatch source = random_grid(4910, 2);
+        source_alive = source.storage().weak_from_this();
+        const ConvolutionPlan a = ConvolutionPlan::make(source, {3, 3, 3}, {2, 2, 2});
+        const ConvolutionPlan b = ConvolutionPlan::make(source, {3, 3, 3}, {2, 2, 2});
+        EXPECT_EQ(&a.target_grid().storage(), &b.target_grid().storage());
+        EXPECT_EQ(&a.target_map(), &b.target_map());
+        generated_alive = a.target_grid().storage().weak_from_this();
+        const ConvolutionPlan c = ConvolutionPlan::make(source, {3, 3, 3}, {1, 2, 2});
+        const ConvolutionPlan d = ConvolutionPlan::make_transposed(source, {3, 3, 3}, {2, 2, 2});
+        EXPECT_NE(&c.target_map(), &a.target_map());
+        EXPECT_NE(&d.target_map(), &a.target_map());
+        const ConvolutionPlan same = ConvolutionPlan::make(source, source, {3, 3, 3}, {1, 1, 1});
+        EXPECT_EQ(&ConvolutionPlan::make(source, source, {3, 3, 3}, {1, 1, 1}).target_map(), &same.target_map());
+        const ConvolutionPlan given = ConvolutionPlan::make(source, other, {3, 3, 3}, {1, 1, 1});
+        EXPECT_EQ(&ConvolutionPlan::make(source, other, {3, 3, 3}, {1, 1, 1}).target_map(), &given.target_map());
+        EXPECT_NE(&given.target_map(), &same.target_map());
+        const std::size_t kept = source.storage().cache.plans.size();
+        EXPECT_EQ(kept, 5u);
+        {
+            const GridBatch gone = random_grid(4912, 2);
+            ConvolutionPlan::make(source, gone, {3, 3, 3}, {1, 1, 1});
+            EXPECT_EQ(source.storage().cache.plans.size(), kept + 1);
+        }
+        ConvolutionPlan::make(source, other, {1, 3, 1}, {1, 1, 1});  // drops the entry of `gone`
+        EXPECT_EQ(source.storage().cache.plans.size(), kept + 1);
+        // The kept plans compute what fresh ones do (the same maps).
+        Rng rng(4913);
+        check_plan(ConvolutionPlan::make(source, {3, 3, 3}, {2, 2, 2}), rng);
+        check_plan(ConvolutionPlan::make(source, other, {3, 3, 3}, {1, 1, 1}), rng);
+    }
+    EXPECT_TRUE(source_alive.expired()) << "the source grid outlived every handle";
+    EXPECT_TRUE(generated_alive.expired()) << "the generated target outlived its source and plans";
 }
 
 TEST(Convolution, IdentityPlanIsAMatrixProduct) {
