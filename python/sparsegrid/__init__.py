@@ -11,6 +11,7 @@ a grid. Work runs on PyTorch's current CUDA stream.
 """
 
 import functools
+import operator
 import os
 import pathlib
 
@@ -54,13 +55,29 @@ _Grid = torch.classes.sparsegrid.GridBatch
 _Plan = torch.classes.sparsegrid.ConvolutionPlan
 
 
-def _triple(value):
+def _triple(value, name="kernel_size"):
     """A per-axis value (kernel size, stride, factor) as the layer takes it: an int becomes [v, v, v], a
-    sequence a list of ints. Only a conversion: the layer checks the count and the core the values
-    (RuntimeError naming the argument)."""
-    if isinstance(value, int):
-        return [value, value, value]
-    return [int(v) for v in value]
+    sequence a list of ints. Integers only (a float raises TypeError naming the argument instead of being
+    truncated); the layer checks the count and the core the values (RuntimeError naming the argument)."""
+    try:
+        if isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value)):
+            raise TypeError
+        if not isinstance(value, (list, tuple, torch.Size)) and not (torch.is_tensor(value) and value.dim() > 0):
+            v = operator.index(value)
+            return [v, v, v]
+        return [operator.index(v) for v in value]
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}") from None
+
+
+def _integer(value, name):
+    """A Python integer (a float raises TypeError naming the argument instead of being truncated)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {value!r}") from None
 
 
 def _per_member(value, batch_size, name, default):
@@ -240,20 +257,20 @@ class GridBatch:
         return self._handle.origins()
 
     def conv_grid(self, kernel_size, stride=1):
-        return GridBatch(self._handle.conv_grid(_triple(kernel_size), _triple(stride)))
+        return GridBatch(self._handle.conv_grid(_triple(kernel_size), _triple(stride, "stride")))
 
     def conv_transpose_grid(self, kernel_size, stride=1):
-        return GridBatch(self._handle.conv_transpose_grid(_triple(kernel_size), _triple(stride)))
+        return GridBatch(self._handle.conv_transpose_grid(_triple(kernel_size), _triple(stride, "stride")))
 
     def coarsened_grid(self, factor):
-        return GridBatch(self._handle.coarsened_grid(_triple(factor)))
+        return GridBatch(self._handle.coarsened_grid(_triple(factor, "factor")))
 
     def refined_grid(self, factor, mask=None):
         mask = None if mask is None else _on_device(mask, self.device)
-        return GridBatch(self._handle.refined_grid(_triple(factor), mask))
+        return GridBatch(self._handle.refined_grid(_triple(factor, "factor"), mask))
 
     def dilated_grid(self, distance):
-        return GridBatch(self._handle.dilated_grid(int(distance)))
+        return GridBatch(self._handle.dilated_grid(_integer(distance, "distance")))
 
     def pruned_grid(self, mask):
         return GridBatch(self._handle.pruned_grid(_on_device(mask, self.device)))
@@ -341,13 +358,13 @@ class ConvolutionPlan:
     @staticmethod
     def from_grid(source, kernel_size, stride=1, target=None):
         """Forward (strided) convolution; target None means source.conv_grid(kernel_size, stride)."""
-        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size), _triple(stride),
+        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size), _triple(stride, "stride"),
                                           None if target is None else target._handle, False))
 
     @staticmethod
     def from_grid_transposed(source, kernel_size, stride=1, target=None):
         """Transposed convolution; target None means source.conv_transpose_grid(kernel_size, stride)."""
-        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size), _triple(stride),
+        return ConvolutionPlan(_Plan.make(source._handle, _triple(kernel_size), _triple(stride, "stride"),
                                           None if target is None else target._handle, True))
 
     def transposed(self):
@@ -477,11 +494,13 @@ def load_mesh(path):
 def synthetic_shapes(batch_size, resolution, seed=0, device=None):
     """Surface voxels of procedural closed shapes (ellipsoids, tori, boxes, capsules) in [0, resolution)^3,
     deterministic by seed: a list of int32 tensors [N_m, 3], one per shape, on `device` (default CPU)."""
-    ijk, offsets = torch.ops.sparsegrid.synthetic_surface_batch(int(batch_size), int(resolution), int(seed))
+    batch_size = _integer(batch_size, "synthetic_shapes: batch_size")
+    ijk, offsets = torch.ops.sparsegrid.synthetic_surface_batch(
+        batch_size, _integer(resolution, "synthetic_shapes: resolution"), _integer(seed, "synthetic_shapes: seed"))
     if device is not None:
         ijk = ijk.to(_device(device))
     offsets = offsets.tolist()
-    return [ijk[offsets[m]:offsets[m + 1]] for m in range(int(batch_size))]
+    return [ijk[offsets[m]:offsets[m + 1]] for m in range(batch_size)]
 
 
 def sparse_conv(features, weight, plan):

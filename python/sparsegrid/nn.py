@@ -76,7 +76,7 @@ class _SparseConvBase(nn.Module):
         self.in_channels = in_channels
         self.out_channels = out_channels
         self.kernel_size = _triple(kernel_size)
-        self.stride = _triple(stride)
+        self.stride = _triple(stride, "stride")
         self.transposed = transposed
         self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size))
         self.bias = nn.Parameter(torch.empty(out_channels)) if bias else None
@@ -146,7 +146,7 @@ class _SparsePool(nn.Module):
     def __init__(self, kernel_size, stride=None):
         super().__init__()
         self.kernel_size = _triple(kernel_size)
-        self.stride = _triple(stride if stride is not None else kernel_size)
+        self.stride = _triple(stride if stride is not None else kernel_size, "stride")
 
 
 class SparseMaxPool3d(_SparsePool):

@@ -93,8 +93,32 @@ def bad_feature_cases(device):
     return cases
 
 
+def bad_size_cases(device):
+    """Kernel sizes, strides, factors and counts: integers only (a float would be truncated)."""
+    grid = small_grid(device)
+    return [
+        ("conv_grid float kernel size", lambda: grid.conv_grid((2.5, 2, 2), 2), TypeError,
+         "kernel_size must be an int or a sequence of ints"),
+        ("conv_grid float stride", lambda: grid.conv_grid(3, 2.0), TypeError,
+         "stride must be an int or a sequence of ints"),
+        ("conv_transpose_grid bool kernel size", lambda: grid.conv_transpose_grid(True, 1), TypeError,
+         "kernel_size must be an int"),
+        ("coarsened_grid float factor", lambda: grid.coarsened_grid([2, 2.0, 2]), TypeError,
+         "factor must be an int or a sequence of ints"),
+        ("refined_grid float factor", lambda: grid.refined_grid(1.5), TypeError, "factor must be an int"),
+        ("dilated_grid float distance", lambda: grid.dilated_grid(1.5), TypeError, "distance must be an int"),
+        ("synthetic_shapes float resolution", lambda: sg.synthetic_shapes(2, 31.5), TypeError,
+         "synthetic_shapes: resolution must be an int"),
+        ("from_grid float stride", lambda: sg.ConvolutionPlan.from_grid(grid, 3, (1, 1, 1.0)), TypeError,
+         "stride must be an int"),
+        ("SparseConv3d float kernel size", lambda: snn.SparseConv3d(2, 2, 3.0), TypeError,
+         "kernel_size must be an int"),
+        ("SparseMaxPool3d float stride", lambda: snn.SparseMaxPool3d(2, 2.0), TypeError, "stride must be an int"),
+    ]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("group", [bad_coordinate_cases, bad_mask_cases, bad_feature_cases])
+@pytest.mark.parametrize("group", [bad_coordinate_cases, bad_mask_cases, bad_feature_cases, bad_size_cases])
 def test_every_entry_point_rejects_bad_types(device, group):
     cases = group(device)
     assert cases
