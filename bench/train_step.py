@@ -69,7 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--iterations", type=int, default=20, help="plain steps, and as many timed steps")
     parser.add_argument("--profile-iterations", type=int, default=5, help="steps under torch.profiler (CUDA)")
     parser.add_argument("--channels", type=int, nargs=vae.LEVELS, default=[8, 16, 32, 32])
-    parser.add_argument("--latent", type=int, default=32)
+    parser.add_argument("--latent", type=int, default=16, help="latent channels per cell (as examples/vae.py)")
     parser.add_argument("--kl-weight", type=float, default=1e-3)
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
