@@ -102,6 +102,9 @@ struct MapWeightGradient {
     /* General paths of generated grids: candidates, sort, unique. out_box covers the output and fits the */     \
     /* key codec; the front end has checked the candidate count (voxels x per-voxel candidates) for int64. */     \
     X(GridTopology, conv_grid, const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box)            \
+    /* conv_grid of each geometry (out_boxes[i] for gs[i]), built together: CUDA syncs once for all. */          \
+    X(std::vector<GridTopology>, conv_grids, const GridStorage& grid, const std::vector<ConvGeometry>& gs,         \
+      const std::vector<CoordBox>& out_boxes)                                                                      \
     X(GridTopology, conv_transpose_grid, const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box)  \
     X(GridTopology, coarsened_grid, const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box)         \
     X(GridTopology, refined_grid, const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box)           \
