@@ -183,9 +183,10 @@ FinishTopology begin_canonical_topology(Buffer<KeyT>& keys, const KeyCodec& code
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     const size_t slot = readback.enqueue(offsets_buffer->data(), batch_size + 1);
     const size_t box_slot = box_exact ? 0 : readback.enqueue(box_buffer.data(), 6);
-    // The box buffer must live until the readback has run: the finishing step holds it.
-    auto box_holder = std::make_shared<Buffer<int32_t>>(std::move(box_buffer));
-    return [=](const Readback& done) {
+    // Every buffer the readback copies from or the finishing step reads is held by the finishing step:
+    // a buffer released before the readback's wait() could be reused by another grid's work first.
+    return [ctx, stream, codec, batch_size, box, box_exact, slot, box_slot, unique, offsets_buffer,
+            box_buffer](const Readback& done) {
         GridTopology topology;
         topology.offsets = done.get<int64_t>(slot, batch_size + 1);
         const int64_t count = topology.offsets.back();
@@ -241,7 +242,10 @@ FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, con
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     const size_t slot = readback.enqueue(offsets_buffer->data(), batch_size + 1);
     auto bitmap = std::make_shared<Buffer<unsigned long long>>(std::move(words));
-    return [=](const Readback& done) {
+    // Held as in begin_canonical_topology: the offsets until the readback, the bitmap and ranks until
+    // the grid is read out.
+    return [ctx, stream, codec, batch_size, box, slot, num_words, bitmap, position,
+            offsets_buffer](const Readback& done) {
         GridTopology topology;
         topology.offsets = done.get<int64_t>(slot, batch_size + 1);
         const int64_t count = topology.offsets.back();
