@@ -244,21 +244,21 @@ FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, con
     auto bitmap = std::make_shared<Buffer<unsigned long long>>(std::move(words));
     // Held as in begin_canonical_topology: the offsets until the readback, the bitmap and ranks until
     // the grid is read out.
-    return [ctx, stream, codec, batch_size, box, slot, num_words, bitmap, position,
-            offsets_buffer](const Readback& done) {
-        GridTopology topology;
-        topology.offsets = done.get<int64_t>(slot, batch_size + 1);
-        const int64_t count = topology.offsets.back();
-        topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
-        if (count > 0) {
-            bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(bitmap->data(), position->data(),
-                                                                               num_words, codec, topology.ijk.data());
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-        }
-        topology.offsets_buffer = std::move(*offsets_buffer);
-        topology.box = box;
-        return topology;
-    };
+    return
+        [ctx, stream, codec, batch_size, box, slot, num_words, bitmap, position, offsets_buffer](const Readback& done) {
+            GridTopology topology;
+            topology.offsets = done.get<int64_t>(slot, batch_size + 1);
+            const int64_t count = topology.offsets.back();
+            topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
+            if (count > 0) {
+                bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(
+                    bitmap->data(), position->data(), num_words, codec, topology.ijk.data());
+                SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            }
+            topology.offsets_buffer = std::move(*offsets_buffer);
+            topology.box = box;
+            return topology;
+        };
 }
 
 GridTopology canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
