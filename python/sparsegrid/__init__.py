@@ -272,14 +272,15 @@ class GridBatch:
         synchronisation for all of them, where each call takes one: an encoder's strided levels and a
         decoder's coarse targets in one pass (with a kernel smaller than its stride on some axis, the
         levels take one each)."""
-        levels = operator.index(levels)
+        levels = _integer(levels, "pyramid: levels")
         flat = []
         for factor in coarsening_factors:
-            triple = _triple(factor)
+            triple = _triple(factor, "coarsening factor")
             if len(triple) not in (1, 3):
                 raise ValueError(f"pyramid: each coarsening factor must be an int or 3 ints, got {factor!r}")
             flat += triple * 3 if len(triple) == 1 else triple
-        grids = [GridBatch(h) for h in self._handle.pyramid(_triple(kernel_size), _triple(stride), levels, flat)]
+        handles = self._handle.pyramid(_triple(kernel_size), _triple(stride, "stride"), levels, flat)
+        grids = [GridBatch(h) for h in handles]
         return grids[:levels], grids[levels:]
 
     def refined_grid(self, factor, mask=None):
