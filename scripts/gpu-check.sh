@@ -6,8 +6,8 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train vae baseline (default: all
-#   but huge, engine, passes, profile, wheel and baseline, in that order; huge runs the grids past 2^31 map entries; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
+#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train vae completion baseline
+#   (default: all but huge, engine, passes, profile, wheel, completion and baseline, in that order; huge runs the grids past 2^31 map entries; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
 #   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
 #   with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
@@ -250,6 +250,13 @@ if want vae && [ $have_layer = 1 ]; then
   step "vae b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/vae.py' --device cuda --batch 16 --resolution 64 \
     ${SPARSEGRID_VAE_ARGS:---shapes 4096 --iterations 5000 --channels 16 32 64 64} --print-every 50 --output '$out/vae' \
     | tee '$out/vae.md'"
+fi
+
+if want completion && [ $have_layer = 1 ]; then
+  # The completion example at the VAE's GPU scale: its held-out completions against their inputs.
+  step "completion b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/completion.py' --device cuda --batch 16 \
+    --resolution 64 ${SPARSEGRID_COMPLETION_ARGS:---shapes 4096 --iterations 5000 --channels 16 32 64 64} \
+    --print-every 250 --output '$out/completion' | tee '$out/completion.md'"
 fi
 
 if want baseline; then
