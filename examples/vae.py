@@ -145,7 +145,6 @@ class Decoder(nn.Module):
                 x = self.prune(x, keep)
         return x.grid, logits > 0, outputs
 
-
     def seed_grid(self, batch, device):
         """The seed cube of `batch` members and the latent cell each seed voxel reads, built once per batch
         size and device: the same grid object every step, so its first level's plans (kept on the grid)
