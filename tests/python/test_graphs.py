@@ -61,61 +61,68 @@ def grid_on(device, seed, members=4):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 def test_captured_forward_and_backward_replay_the_eager_step_bitwise(cuda_device, dtype):
+    # A grid's work runs on the stream that was current when it was built, so the grid is built on the
+    # stream the graph is captured on (torch.cuda.graph(stream=...)): on any other stream the library's
+    # launches would not be part of the capture. The warm-up runs there too, as torch.cuda.graph asks.
     torch.manual_seed(7)
-    grid = grid_on(cuda_device, 3101)
     model = Network().to(cuda_device, dtype)
     params = list(model.parameters())
-    inputs = [torch.randn(grid.num_voxels, 3, device=cuda_device, dtype=dtype) for _ in range(3)]
-    probe = torch.randn(grid.num_voxels, 8, device=cuda_device, dtype=dtype)
-
-    def step(features):
-        out = model(snn.SparseFeatures(grid, features))
-        (out.float() * probe.float()).sum().backward()
-        return out
-
-    def eager(features):
-        for p in params:
-            p.grad = None
-        out = step(features)
-        return out.detach().clone(), [p.grad.detach().clone() for p in params]
-
-    # Warm-up on a side stream, as torch.cuda.graph asks: builds every plan (kept on the grids), their
-    # execution orders and the gradients' buffers.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
+        grid = grid_on(cuda_device, 3101)
+        inputs = [torch.randn(grid.num_voxels, 3, device=cuda_device, dtype=dtype) for _ in range(3)]
+        probe = torch.randn(grid.num_voxels, 8, device=cuda_device, dtype=dtype)
+
+        def step(features):
+            out = model(snn.SparseFeatures(grid, features))
+            (out.float() * probe.float()).sum().backward()
+            return out
+
+        def eager(features):
+            for p in params:
+                p.grad = None
+            out = step(features)
+            return out.detach().clone(), [p.grad.detach().clone() for p in params]
+
+        # Warm-up: builds every plan (kept on the grids), their execution orders, transposed maps and the
+        # gradients' buffers.
         for _ in range(2):
             eager(inputs[0])
+        expected = [eager(x) for x in inputs]
+
+        static_input = inputs[0].clone()
+        for p in params:
+            p.grad = None
+        g = torch.cuda.CUDAGraph()
+        syncs = sg.host_synchronizations()
+        with torch.cuda.graph(g, stream=side):
+            static_out = step(static_input)
+        assert sg.host_synchronizations() == syncs, "the captured step waited for the GPU"
+        static_grads = [p.grad for p in params]
+
+        for x, (out, grads) in zip(reversed(inputs), reversed(expected)):
+            static_input.copy_(x)
+            g.replay()  # the gradients were None when captured: each replay writes them anew
+            side.synchronize()
+            assert torch.equal(static_out, out), "captured output differs from the eager one"
+            for name, (captured, want) in zip((n for n, _ in model.named_parameters()), zip(static_grads, grads)):
+                assert torch.equal(captured, want), f"captured gradient of {name} differs from the eager one"
     torch.cuda.current_stream().wait_stream(side)
-    expected = [eager(x) for x in inputs]
-
-    static_input = inputs[0].clone()
-    for p in params:
-        p.grad = None
-    g = torch.cuda.CUDAGraph()
-    syncs = sg.host_synchronizations()
-    with torch.cuda.graph(g):
-        static_out = step(static_input)
-    assert sg.host_synchronizations() == syncs, "the captured step waited for the GPU"
-    static_grads = [p.grad for p in params]
-
-    for x, (out, grads) in zip(reversed(inputs), reversed(expected)):
-        static_input.copy_(x)
-        g.replay()  # the gradients were None when captured: each replay writes them anew
-        torch.cuda.synchronize()
-        assert torch.equal(static_out, out), "captured output differs from the eager one"
-        for name, (captured, want) in zip((n for n, _ in model.named_parameters()), zip(static_grads, grads)):
-            assert torch.equal(captured, want), f"captured gradient of {name} differs from the eager one"
 
 
 def test_a_data_dependent_grid_cannot_be_captured(cuda_device):
-    grid = grid_on(cuda_device, 3102)
-    grid.conv_grid(3, 2)  # the first call, outside capture, works
-    g = torch.cuda.CUDAGraph()
-    with pytest.raises(Exception):
-        with torch.cuda.graph(g):
-            # The coarse grid's size is read back, which capture does not allow.
-            grid.conv_grid(3, 2)
-    torch.cuda.synchronize()
-    # The failed capture leaves the library usable.
-    assert grid.conv_grid(3, 2).num_voxels > 0
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grid = grid_on(cuda_device, 3102)
+        grid.conv_grid(3, 2)  # the first call, outside capture, works
+        g = torch.cuda.CUDAGraph()
+        with pytest.raises(Exception):
+            with torch.cuda.graph(g, stream=side):
+                # The coarse grid's size is read back, which capture does not allow.
+                grid.conv_grid(3, 2)
+        side.synchronize()
+        # The failed capture leaves the library usable.
+        assert grid.conv_grid(3, 2).num_voxels > 0
+    torch.cuda.current_stream().wait_stream(side)
