@@ -91,10 +91,17 @@ if want test; then
 fi
 if want python; then
   # The Python suite (run here instead of through ctest, with this machine's python3 and torch);
-  # SPARSEGRID_PYTEST_ARGS replaces the test paths (e.g. one file, or -k EXPRESSION with the path).
+  # SPARSEGRID_PYTEST_ARGS replaces the test paths (e.g. one file, or -k EXPRESSION with the path). With
+  # pytest-xdist the files run in SPARSEGRID_PYTEST_WORKERS processes (4; 0 runs them in this one), all
+  # on the one GPU: the tests share nothing but the device, and each process counts its own syncs.
   if [ $have_layer = 1 ]; then
+    workers=()
+    if [ "${SPARSEGRID_PYTEST_WORKERS:-4}" != 0 ] && python3 -c "import xdist" >/dev/null 2>&1; then
+      workers=(-n "${SPARSEGRID_PYTEST_WORKERS:-4}" --dist loadfile)
+    fi
     step "python tests" "${pyenv[@]}" SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 \
-      python3 -m pytest -v -p no:cacheprovider ${SPARSEGRID_PYTEST_ARGS:-"$root/tests/python"}
+      python3 -m pytest -v -p no:cacheprovider ${workers[@]+"${workers[@]}"} \
+      ${SPARSEGRID_PYTEST_ARGS:-"$root/tests/python"}
   else
     summary+=("SKIP python tests (no PyTorch layer built, or python3 cannot import torch and pytest)")
   fi
