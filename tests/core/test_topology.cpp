@@ -555,7 +555,9 @@ TEST_P(TopologyTest, BatchWithoutVoxels) {
                                          grid.refined_grid(2, none),
                                          grid.dilated_grid(2),
                                          grid.pruned_grid(none),
-                                         grid.merged_grid(grid)};
+                                         grid.merged_grid(grid),
+                                         grid.pyramid({3, 3, 3}, {2, 2, 2}, 2, {{4, 4, 4}}).levels[1],
+                                         grid.pyramid({3, 3, 3}, {2, 2, 2}, 1, {{4, 4, 4}}).coarsened[0]};
     for (std::size_t r = 0; r < results.size(); ++r) {
         SCOPED_TRACE("result " + std::to_string(r));
         EXPECT_TRUE(grid_matches(results[r], OracleBatch(3), device()));
