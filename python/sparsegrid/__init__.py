@@ -60,12 +60,18 @@ def _triple(value, name="kernel_size"):
     sequence a list of ints. Integers only (a float raises TypeError naming the argument instead of being
     truncated); the layer checks the count and the core the values (RuntimeError naming the argument)."""
     try:
-        if isinstance(value, bool) or (isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value)):
+        if isinstance(value, bool):
             raise TypeError
-        if not isinstance(value, (list, tuple, torch.Size)) and not (torch.is_tensor(value) and value.dim() > 0):
-            v = operator.index(value)
-            return [v, v, v]
-        return [operator.index(v) for v in value]
+        try:
+            v = operator.index(value)  # an int, or an integer scalar of numpy or torch
+        except TypeError:
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise
+            items = list(value)  # a list, tuple, torch.Size, array or tensor of integers
+            if any(isinstance(item, bool) for item in items):
+                raise
+            return [operator.index(item) for item in items]
+        return [v, v, v]
     except TypeError:
         raise TypeError(f"{name} must be an int or a sequence of ints, got {value!r}") from None
 

@@ -3,6 +3,7 @@ only (int32, or int64 within the int32 range), bool or uint8 masks only, feature
 supported float dtypes only. Each case is an entry point called with a bad type; it must raise an error
 naming the argument, never convert silently. The same entry points accept the good types."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -152,3 +153,8 @@ def test_good_types_are_accepted(device):
             int(mask.sum())
     vertices, faces = tetrahedron(torch.int64)
     assert sg.GridBatch.from_mesh([(vertices, faces)], voxel_sizes=0.25, device=device).num_voxels > 0
+    # Sizes: ints, sequences of ints, and the integer scalars and arrays of torch and numpy.
+    want = grid.conv_grid((3, 3, 3), (2, 2, 2)).ijk
+    for kernel, stride in ((3, 2), (torch.tensor(3), np.int64(2)), (np.array([3, 3, 3]), torch.Size([2, 2, 2])),
+                           (torch.tensor([3, 3, 3]), [2])):
+        assert torch.equal(grid.conv_grid(kernel, stride).ijk, want), (kernel, stride)
