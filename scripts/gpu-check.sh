@@ -118,11 +118,22 @@ if want huge; then
 fi
 if want memcheck; then
   # memcheck, racecheck (shared-memory hazards) and synccheck (barrier misuse) over the CUDA cases;
-  # racecheck, far slower, over the convolution cases (the kernels that share tiles through shared
-  # memory; over every CUDA case it needed more than 150 s).
+  # racecheck, far slower, over one run of every engine configuration (the kernels that share tiles
+  # through shared memory), or over the test cases of SPARSEGRID_RACECHECK_FILTER when set (over every
+  # CUDA case it needed more than 150 s).
   for tool in memcheck racecheck synccheck; do
     filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}"
-    [ $tool = racecheck ] && filter="${SPARSEGRID_RACECHECK_FILTER:-ConvolutionCuda.*}"
+    if [ $tool = racecheck ] && [ -z "${SPARSEGRID_RACECHECK_FILTER:-}" ]; then
+      # Racecheck over the test cases takes minutes; over one run of every engine configuration (forward,
+      # input and weight gradient, gathering and scatter) on one member it fits the time limit.
+      for dtype in float16 bfloat16; do
+        step "racecheck engine $dtype" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool racecheck \
+          --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda --configs --dtype $dtype \
+          --input "$root/data/reference_batch_r64.txt" --members 1 --channels 64,128 --repeats 1 --warmup 0
+      done
+      continue
+    fi
+    [ $tool = racecheck ] && filter="$SPARSEGRID_RACECHECK_FILTER"
     step "$tool" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 1 \
       --print-limit 20 "$build/tests/sparsegrid_tests" --gtest_filter="$filter" --gtest_brief=1
   done
