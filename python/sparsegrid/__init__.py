@@ -59,11 +59,16 @@ def _triple(value, name="kernel_size"):
     """A per-axis value (kernel size, stride, factor) as the layer takes it: an int becomes [v, v, v], a
     sequence a list of ints. Integers only (a float raises TypeError naming the argument instead of being
     truncated); the layer checks the count and the core the values (RuntimeError naming the argument)."""
+    # The usual forms first (a layer passes its lists on every call): plain ints, bool excluded.
+    if type(value) is int:
+        return [value, value, value]
+    if type(value) in (list, tuple) and all(type(v) is int for v in value):
+        return list(value)
     try:
         if isinstance(value, bool):
             raise TypeError
         try:
-            v = operator.index(value)  # an int, or an integer scalar of numpy or torch
+            v = operator.index(value)  # an integer scalar of numpy or torch
         except TypeError:
             if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
                 raise
