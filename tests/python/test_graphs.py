@@ -129,3 +129,54 @@ def test_a_data_dependent_grid_cannot_be_captured(cuda_device):
         # The failed capture leaves the library usable.
         assert grid.conv_grid(3, 2).num_voxels > 0
     torch.cuda.current_stream().wait_stream(side)
+
+
+def test_a_captured_training_step_replays_the_eager_steps_bitwise(cuda_device):
+    # Forward, backward and the optimizer step (Adam with capturable=True keeps its step count on the
+    # device) captured once and replayed three times, against three eager steps from the same start.
+    def make():
+        torch.manual_seed(11)
+        model = Network().to(cuda_device)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-2, capturable=True)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grid = grid_on(cuda_device, 3103)
+        generator = torch.Generator(device=cuda_device).manual_seed(5)
+        batches = [torch.randn(grid.num_voxels, 3, device=cuda_device, generator=generator) for _ in range(3)]
+
+        def train_step(model, optimizer, features):
+            optimizer.zero_grad(set_to_none=False)
+            out = model(snn.SparseFeatures(grid, features))
+            out.square().mean().backward()
+            optimizer.step()
+
+        eager_model, eager_optimizer = make()
+        for features in batches:
+            train_step(eager_model, eager_optimizer, features)
+
+        model, optimizer = make()
+        static_features = batches[0].clone()
+        # Warm-up on a copy of the start (gradients allocated, plans and their orders built), then the
+        # parameters and the optimizer state are reset to the start before capturing.
+        start = {name: p.detach().clone() for name, p in model.named_parameters()}
+        for _ in range(2):
+            train_step(model, optimizer, static_features)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(start[name])
+        for state in optimizer.state.values():
+            for value in state.values():
+                value.zero_()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            train_step(model, optimizer, static_features)
+        # Capture ran nothing: the start is unchanged. Each replay is one training step.
+        for features in batches:
+            static_features.copy_(features)
+            graph.replay()
+        side.synchronize()
+        for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
+            assert torch.equal(p, q), f"{name} after three captured steps differs from three eager steps"
+    torch.cuda.current_stream().wait_stream(side)
