@@ -98,6 +98,11 @@ private:
                      const Context& ctx) const;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
                                     MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
+    /// make / make_transposed to the generated target, and to a given one (plans kept on the source).
+    static ConvolutionPlan make_generating(const char* op, const GridBatch& source, const Vec3i& kernel_size,
+                                           const Vec3i& stride, MapDirection direction);
+    static ConvolutionPlan make_to(const char* op, const GridBatch& source, const GridBatch& target,
+                                   const Vec3i& kernel_size, const Vec3i& stride, MapDirection direction);
     /// Source and target are one grid, the stride is 1 and every kernel size odd: the map with rows =
     /// source voxels is the target rows' map with the taps mirrored (t -> volume - 1 - t), so it is never
     /// built; the passes that need it read the other map with the weight's taps mirrored.

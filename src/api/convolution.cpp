@@ -196,60 +196,51 @@ ConvolutionPlan ConvolutionPlan::assemble(GridBatch source, GridBatch target, co
     return plan;
 }
 
-ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
-    constexpr const char* op = "ConvolutionPlan::make";
+ConvolutionPlan ConvolutionPlan::make_generating(const char* op, const GridBatch& source, const Vec3i& kernel_size,
+                                                 const Vec3i& stride, MapDirection direction) {
     const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
     // K = S = 1 generates the source itself: the identity plan, a plain matrix product without a map.
-    if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, MapDirection::Forward, nullptr);
+    if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, direction, nullptr);
     constexpr auto kGenerated = CachedPlan::Target::Generated;
-    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Forward, kGenerated, nullptr))
-        return assemble(source, GridBatch(kept->generated), kernel_size, stride, MapDirection::Forward, kept->maps);
-    GridAndMap built = detail::build_conv_grid_and_map(op, source, g);
-    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Forward, kGenerated, &built.grid,
+    if (auto kept = find_plan(source, kernel_size, stride, direction, kGenerated, nullptr))
+        return assemble(source, GridBatch(kept->generated), kernel_size, stride, direction, kept->maps);
+    GridAndMap built = direction == MapDirection::Forward ? detail::build_conv_grid_and_map(op, source, g)
+                                                          : detail::build_conv_transpose_grid_and_map(op, source, g);
+    auto maps = keep_plan(source, kernel_size, stride, direction, kGenerated, &built.grid,
                           maps_of(std::move(built.map)));
-    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Forward, std::move(maps));
+    return assemble(source, std::move(built.grid), kernel_size, stride, direction, std::move(maps));
+}
+
+ConvolutionPlan ConvolutionPlan::make_to(const char* op, const GridBatch& source, const GridBatch& target,
+                                         const Vec3i& kernel_size, const Vec3i& stride, MapDirection direction) {
+    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
+    if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
+        return assemble(source, target, kernel_size, stride, direction, nullptr);
+    const CachedPlan::Target kind = kind_of(source, target);
+    if (auto kept = find_plan(source, kernel_size, stride, direction, kind, &target))
+        return assemble(source, target, kernel_size, stride, direction, kept->maps);
+    auto maps = keep_plan(source, kernel_size, stride, direction, kind, &target,
+                          maps_of(detail::build_neighbour_map(op, source, target, g, direction)));
+    return assemble(source, target, kernel_size, stride, direction, std::move(maps));
+}
+
+ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const Vec3i& kernel_size, const Vec3i& stride) {
+    return make_generating("ConvolutionPlan::make", source, kernel_size, stride, MapDirection::Forward);
 }
 
 ConvolutionPlan ConvolutionPlan::make(const GridBatch& source, const GridBatch& target, const Vec3i& kernel_size,
                                       const Vec3i& stride) {
-    constexpr const char* op = "ConvolutionPlan::make";
-    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
-        return assemble(source, target, kernel_size, stride, MapDirection::Forward, nullptr);
-    const CachedPlan::Target kind = kind_of(source, target);
-    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Forward, kind, &target))
-        return assemble(source, target, kernel_size, stride, MapDirection::Forward, kept->maps);
-    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Forward, kind, &target,
-                          maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Forward)));
-    return assemble(source, target, kernel_size, stride, MapDirection::Forward, std::move(maps));
+    return make_to("ConvolutionPlan::make", source, target, kernel_size, stride, MapDirection::Forward);
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const Vec3i& kernel_size,
                                                  const Vec3i& stride) {
-    constexpr const char* op = "ConvolutionPlan::make_transposed";
-    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (g.is_uniform(1, 1)) return assemble(source, source, kernel_size, stride, MapDirection::Transposed, nullptr);
-    constexpr auto kGenerated = CachedPlan::Target::Generated;
-    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Transposed, kGenerated, nullptr))
-        return assemble(source, GridBatch(kept->generated), kernel_size, stride, MapDirection::Transposed, kept->maps);
-    GridAndMap built = detail::build_conv_transpose_grid_and_map(op, source, g);
-    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Transposed, kGenerated, &built.grid,
-                          maps_of(std::move(built.map)));
-    return assemble(source, std::move(built.grid), kernel_size, stride, MapDirection::Transposed, std::move(maps));
+    return make_generating("ConvolutionPlan::make_transposed", source, kernel_size, stride, MapDirection::Transposed);
 }
 
 ConvolutionPlan ConvolutionPlan::make_transposed(const GridBatch& source, const GridBatch& target,
                                                  const Vec3i& kernel_size, const Vec3i& stride) {
-    constexpr const char* op = "ConvolutionPlan::make_transposed";
-    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
-    if (g.is_uniform(1, 1) && &source.storage() == &target.storage())
-        return assemble(source, target, kernel_size, stride, MapDirection::Transposed, nullptr);
-    const CachedPlan::Target kind = kind_of(source, target);
-    if (auto kept = find_plan(source, kernel_size, stride, MapDirection::Transposed, kind, &target))
-        return assemble(source, target, kernel_size, stride, MapDirection::Transposed, kept->maps);
-    auto maps = keep_plan(source, kernel_size, stride, MapDirection::Transposed, kind, &target,
-                          maps_of(detail::build_neighbour_map(op, source, target, g, MapDirection::Transposed)));
-    return assemble(source, target, kernel_size, stride, MapDirection::Transposed, std::move(maps));
+    return make_to("ConvolutionPlan::make_transposed", source, target, kernel_size, stride, MapDirection::Transposed);
 }
 
 ConvolutionPlan ConvolutionPlan::transposed() const {
