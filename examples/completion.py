@@ -118,7 +118,7 @@ def main(argv=None):
         partial = cut(full, generator)
         code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
         with profiler.span("pyramid"):
-            pyramid = vae.target_pyramid(full)
+            pyramid, _ = vae.target_pyramid(full)
         _, _, outputs = decoder(code, pyramid, keep_targets=iteration < teacher_iterations)
         loss = vae.occupancy_loss(outputs)
         optimizer.zero_grad(set_to_none=True)

@@ -71,10 +71,18 @@ class Encoder(nn.Module):
         self.cube_side = cube_side
         self.head = nn.Conv3d(cin, 2 * latent, kernel_size=2)
 
-    def forward(self, x):
-        """x: voxels in [0, resolution)^3. Returns the mean and log-variance, [batch_size, latent, S, S, S]
-        each with S = cube_side - 1, indexed by the seed voxel's (i, j, k)."""
-        x = self.body(x)
+    def forward(self, x, levels=None):
+        """x: voxels in [0, resolution)^3. levels: the grids of the strided levels, x.grid.pyramid(3, 2,
+        LEVELS)[0], built together with one host synchronisation; None builds each from the one before
+        (one synchronisation each). Returns the mean and log-variance, [batch_size, latent, S, S, S] each
+        with S = cube_side - 1, indexed by the seed voxel's (i, j, k)."""
+        level = 0
+        for module in self.body:
+            if levels is not None and isinstance(module, snn.SparseConv3d) and module.stride != [1, 1, 1]:
+                x = module(x, target=levels[level])  # the same grid conv_grid(3, 2) would generate
+                level += 1
+            else:
+                x = module(x)
         ijk = x.grid.ijk.long()
         side = self.cube_side
         cube = x.features.new_zeros(x.grid.batch_size, side, side, side, x.features.shape[1])
@@ -110,6 +118,7 @@ class Decoder(nn.Module):
             self.classify.append(snn.SparseConv3d(c, 1, 1))
             cin = c
         self.prune = snn.Prune()
+        self._seed_grids = {}  # (batch, device) -> (grid, cells), see seed_grid
 
     def forward(self, z, targets=None, keep_targets=True):
         """targets: the target grid at each level (training), or None. keep_targets: keep the target's
@@ -118,11 +127,8 @@ class Decoder(nn.Module):
         is trained on the kind of input it will get there. Returns the final voxels, their occupancy
         (logits > 0) and the per-level (logits, labels) for the loss."""
         batch = z.shape[0]
-        grid = sg.GridBatch.from_ijk([self.seed_ijk] * batch)
+        grid, cells = self.seed_grid(batch, z.device)
         seed = self.seed(z).flatten(2)  # [batch, channels, seed voxels], the cube's cells in C order
-        # from_ijk sorts each member's voxels (not in C order once the cube's edge exceeds 2), the same
-        # way for every member: the first member's coordinates say which cell each seed voxel reads.
-        cells = (grid.ijk[:self.seed_voxels].long() * self.seed_strides).sum(1)
         x = snn.SparseFeatures(grid, seed[:, :, cells].transpose(1, 2).reshape(batch * self.seed_voxels, -1))
         outputs = []
         for level in range(LEVELS):
@@ -139,6 +145,19 @@ class Decoder(nn.Module):
                 x = self.prune(x, keep)
         return x.grid, logits > 0, outputs
 
+    def seed_grid(self, batch, device):
+        """The seed cube of `batch` members and the latent cell each seed voxel reads, built once per batch
+        size and device: the same grid object every step, so its first level's plans (kept on the grid)
+        and the grid itself cost nothing after the first step."""
+        key = (batch, str(device))
+        if key not in self._seed_grids:
+            grid = sg.GridBatch.from_ijk([self.seed_ijk.to(device)] * batch)
+            # from_ijk sorts each member's voxels (not in C order once the cube's edge exceeds 2), the
+            # same way for every member: the first member's coordinates say which cell each voxel reads.
+            cells = (grid.ijk[:self.seed_voxels].long() * self.seed_strides.to(device)).sum(1)
+            self._seed_grids[key] = (grid, cells)
+        return self._seed_grids[key]
+
 
 def contained_in(grid, target):
     """For each voxel of grid: is it a voxel of target (same member)? The 1x1 kernel map from target to
@@ -149,9 +168,12 @@ def contained_in(grid, target):
     return plan.target_map()[:, 0] >= 0
 
 
-def target_pyramid(target):
-    """The target at the resolution of each decoder level, coarsest first."""
-    return [target.coarsened_grid(2 ** (LEVELS - 1 - level)) for level in range(LEVELS)]
+def target_pyramid(target, encoder_levels=0):
+    """The target at the resolution of each decoder level, coarsest first, and its first `encoder_levels`
+    strided k3s2 levels (the encoder's grids): (pyramid, levels), built together with one host
+    synchronisation on CUDA."""
+    levels, coarsened = target.pyramid(3, 2, encoder_levels, [2 ** (LEVELS - 1 - level) for level in range(LEVELS)])
+    return coarsened, levels
 
 
 def member_index(grid):
@@ -201,7 +223,7 @@ class StepProfiler:
     CATEGORIES = TOPOLOGY + ("convolutions",)
     WRAPPED = [  # (category, owner, names); None: this module
         ("grids", sg.GridBatch, ("from_ijk", "from_points", "from_mesh", "conv_grid", "conv_transpose_grid",
-                                 "coarsened_grid", "refined_grid", "dilated_grid", "merged_grid")),
+                                 "coarsened_grid", "refined_grid", "dilated_grid", "merged_grid", "pyramid")),
         ("plans", sg.ConvolutionPlan, ("from_grid", "from_grid_transposed", "transposed")),
         ("pruning", sg.GridBatch, ("pruned_grid",)),
         ("labels", sg.GridBatch, ("ijk_to_index",)),
@@ -518,10 +540,12 @@ def vae_step(encoder, decoder, optimizer, target, kl_weight, profiler, keep_targ
     number of voxels the decoder generated over its levels (host metadata). keep_targets: as in
     Decoder.forward."""
     x = snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=next(decoder.parameters()).device))
-    mean, log_var = encoder(x)
-    z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
+    # Every grid of the step that does not depend on the predictions, in one pass: the encoder's levels
+    # and the decoder's targets (on CUDA one host synchronisation; the decoder's prunes take one each).
     with profiler.span("pyramid"):
-        pyramid = target_pyramid(target)
+        pyramid, levels = target_pyramid(target, LEVELS)
+    mean, log_var = encoder(x, levels)
+    z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
     _, _, outputs = decoder(z, pyramid, keep_targets=keep_targets)
     reconstruction = occupancy_loss(outputs)
     kl = -0.5 * torch.mean(torch.sum(1 + log_var - mean.square() - log_var.exp(), dim=(1, 2, 3, 4)))

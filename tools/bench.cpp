@@ -365,6 +365,24 @@ std::vector<BenchCase> topology_cases(const Workload& w) {
     cases.push_back(grid_case(
         w, "coarsened_grid(2)", [&w] { return w.grid.coarsened_grid(2); },
         [&w] { return naive_coarsened_grid(w.grid_host, 2); }, false));
+    {
+        // An encoder's four k3s2 levels and a decoder's three coarsened targets in one call (one sync on
+        // CUDA); checked at its third level against a naive k3s2 of the library's second.
+        BenchCase pyramid = grid_case(
+            w, "pyramid(3,2, 4 levels + 3 coarsened)",
+            [&w] {
+                return w.grid.pyramid(kK3, kK2, 4, {{8, 8, 8}, {4, 4, 4}, {2, 2, 2}}).levels[2];
+            },
+            [&w] { return naive_conv_grid(host_copy(w.grid.conv_grid(3, 2).conv_grid(3, 2)), kK3, kK2); }, false);
+        pyramid.run = [&w] {
+            const sparsegrid::GridPyramid built = w.grid.pyramid(kK3, kK2, 4, {{8, 8, 8}, {4, 4, 4}, {2, 2, 2}});
+            int64_t voxels = 0;
+            for (const auto* grids : {&built.levels, &built.coarsened})
+                for (const GridBatch& g : *grids) voxels += g.num_voxels();
+            return voxels;
+        };
+        cases.push_back(std::move(pyramid));
+    }
     cases.push_back(grid_case(
         w, "refined_grid(2)", [&w] { return w.grid.refined_grid(2); },
         [&w] { return naive_refined_grid(w.grid_host, 2); }, false));

@@ -30,6 +30,7 @@ struct GridStorage;
 }
 
 struct ClippedGrid;
+struct GridPyramid;
 
 class GridBatch {
 public:
@@ -129,6 +130,16 @@ public:
     GridBatch conv_transpose_grid(const Vec3i& kernel_size, const Vec3i& stride) const;
     GridBatch conv_transpose_grid(int32_t kernel_size, int32_t stride) const;
 
+    /// Grids derived from this one, built together: levels[l] is conv_grid(kernel_size, stride) applied
+    /// l + 1 times (l < levels), coarsened[i] is coarsened_grid(coarsening_factors[i]), each equal to what
+    /// those calls return (voxels, order, transforms). Every level comes straight from this grid (with
+    /// K >= S on every axis, l + 1 strided convolutions are one, of kernel S^l (K - 1) + ... + K and stride
+    /// S^(l+1)), so the whole pyramid of an encoder and the coarse targets of a decoder cost one pass.
+    /// Cost: CUDA: 1 sync for all (each call replaced takes 1); with K < S on some axis the levels are
+    /// built one from the other, 1 sync each.
+    GridPyramid pyramid(const Vec3i& kernel_size, const Vec3i& stride, int32_t levels,
+                        const std::vector<Vec3i>& coarsening_factors = {}) const;
+
     /// floor(ijk / factor). Transform: voxel size f*h, origin o + (f-1)*h/2.
     GridBatch coarsened_grid(const Vec3i& factor) const;
     GridBatch coarsened_grid(int32_t factor) const;
@@ -178,6 +189,12 @@ private:
 
 /// A clipped grid and, for each of its voxels, the index of the same voxel in the grid it was clipped
 /// from (int64 on the grid's device).
+/// The grids of GridBatch::pyramid.
+struct GridPyramid {
+    std::vector<GridBatch> levels;
+    std::vector<GridBatch> coarsened;
+};
+
 struct ClippedGrid {
     GridBatch grid;
     Buffer<int64_t> kept_index;

@@ -276,6 +276,24 @@ class GridBatch:
     def coarsened_grid(self, factor):
         return GridBatch(self._handle.coarsened_grid(_triple(factor, "factor")))
 
+    def pyramid(self, kernel_size, stride, levels, coarsening_factors=()):
+        """Grids derived from this one, built together: (levels, coarsened), where levels[l] is
+        conv_grid(kernel_size, stride) applied l + 1 times and coarsened[i] is
+        coarsened_grid(coarsening_factors[i]), each equal to what those calls return. On CUDA one host
+        synchronisation for all of them, where each call takes one: an encoder's strided levels and a
+        decoder's coarse targets in one pass (with a kernel smaller than its stride on some axis, the
+        levels take one each)."""
+        levels = _integer(levels, "pyramid: levels")
+        flat = []
+        for factor in coarsening_factors:
+            triple = _triple(factor, "coarsening factor")
+            if len(triple) not in (1, 3):
+                raise ValueError(f"pyramid: each coarsening factor must be an int or 3 ints, got {factor!r}")
+            flat += triple * 3 if len(triple) == 1 else triple
+        handles = self._handle.pyramid(_triple(kernel_size), _triple(stride, "stride"), levels, flat)
+        grids = [GridBatch(h) for h in handles]
+        return grids[:levels], grids[levels:]
+
     def refined_grid(self, factor, mask=None):
         mask = None if mask is None else _on_device(mask, self.device)
         return GridBatch(self._handle.refined_grid(_triple(factor, "factor"), mask))

@@ -8,8 +8,8 @@ shapes from those, so the compiler traces through a convolution, its autograd an
 it without running them.
 
 Everything whose result depends on data (grids, plans, the topology operations: a generated grid's
-voxel count is known only once it is built) runs eagerly: the GridBatch and ConvolutionPlan methods are
-wrapped in torch.compiler.disable, so the compiler breaks the graph there (a graph break, not an error;
+voxel count is known only once it is built) runs eagerly: while the compiler traces, the GridBatch and
+ConvolutionPlan methods call through torch.compiler.disable, so the compiler breaks the graph there (a graph break, not an error;
 fullgraph=True is therefore not supported for networks that build grids or plans).
 
 The registry holds a plan's C++ handle for as long as the plan's key tensor lives: the plan object holds
@@ -110,27 +110,40 @@ def run(plan, features, weight):
 
 
 def eager(function):
-    """`function` wrapped in torch.compiler.disable: it runs eagerly under torch.compile."""
-    return torch.compiler.disable(function) if available else function
+    """`function` run eagerly under torch.compile: while the compiler traces, the call goes through
+    torch.compiler.disable (a graph break); otherwise it is the plain call. torch.compiler.disable's own
+    wrapper switches the interpreter's frame evaluation at every call, eager ones included, which a layer
+    (plan lookup, grid properties) would pay several times per call."""
+    if not available:
+        return function
+    disabled = torch.compiler.disable(function)
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        if torch.compiler.is_compiling():
+            return disabled(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    return call
 
 
 def eager_only(cls, keep=()):
-    """Wraps the methods and cached properties of `cls` (but those in `keep` and the special methods) in
-    torch.compiler.disable: they call into the C++ handle, which the compiler cannot trace."""
+    """Makes the methods and cached properties of `cls` (but those in `keep` and the special methods) run
+    eagerly under torch.compile (`eager`): they call into the C++ handle, which the compiler cannot trace."""
     if not available:
         return cls
     for name, value in list(vars(cls).items()):
         if name in keep or (name.startswith("__") and name.endswith("__")):
             continue
         if isinstance(value, staticmethod):
-            setattr(cls, name, staticmethod(torch.compiler.disable(value.__func__)))
+            setattr(cls, name, staticmethod(eager(value.__func__)))
         elif isinstance(value, functools.cached_property):
-            wrapped = functools.cached_property(torch.compiler.disable(value.func))
+            wrapped = functools.cached_property(eager(value.func))
             wrapped.__set_name__(cls, name)
             wrapped.__doc__ = value.__doc__
             setattr(cls, name, wrapped)
         elif isinstance(value, property):
-            setattr(cls, name, property(torch.compiler.disable(value.fget), doc=value.__doc__))
+            setattr(cls, name, property(eager(value.fget), doc=value.__doc__))
         elif callable(value):
-            setattr(cls, name, torch.compiler.disable(value))
+            setattr(cls, name, eager(value))
     return cls

@@ -60,6 +60,8 @@ struct PlanMaps {
     mutable std::once_flag source_built;
     mutable std::once_flag order_built[2];
     mutable Buffer<int32_t> order[2];
+    mutable std::once_flag tap_major_built[2];
+    mutable Buffer<int32_t> tap_major[2];
 
     const KernelMap& slot(int index) const {
         if (index == 0) return rows_of_target;
@@ -77,6 +79,23 @@ struct PlanMaps {
             });
         });
         return order[index].data();
+    }
+
+    /// A slot's map tap by tap (null where not wanted), built on first use on `ctx`'s stream: the CUDA
+    /// weight gradient compacts each tap's edges from it with contiguous reads.
+    /// Only for the dtypes that run on tensor cores (float16, bfloat16, float32 with TF32 allowed).
+    const int32_t* tap_major_map(const char* op, int index, DType dtype, const Context& ctx) const {
+        const KernelMap& map = slot(index);
+        const bool tensor_cores = dtype == DType::Float16 || dtype == DType::BFloat16 ||
+            (dtype == DType::Float32 && ctx.allow_tf32);
+        if (ctx.device.is_cpu() || !tensor_cores || map.kernel_volume() < 2 || map.kernel_volume() > 374)
+            return nullptr;
+        std::call_once(tap_major_built[index], [&] {
+            tap_major[index] = on_backend(op, ctx.device, [&](auto backend) {
+                return backend.tap_major_map(map.neighbour_map().data(), map.num_target(), map.kernel_volume(), ctx);
+            });
+        });
+        return tap_major[index].data();
     }
 };
 
@@ -356,10 +375,12 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
         // takes the coarse rows. The source map is derived when missing (the input gradient needs it
         // anyway). The CPU sums over target rows in order.
         args.map = source_map().neighbour_map().data();
+        args.tap_major = m_maps->tap_major_map(op, m_flipped ? 0 : 1, dtype, ctx);
         args.rows = m_source.num_voxels();
         args.rows_are_source = true;
     } else if (m_maps) {
         args.map = target_map().neighbour_map().data();
+        args.tap_major = m_maps->tap_major_map(op, m_flipped ? 1 : 0, dtype, ctx);
     }
     on_backend(op, ctx.device, [&](auto backend) { backend.map_weight_gradient(args, ctx); });
 }

@@ -309,6 +309,93 @@ GridBatch GridBatch::conv_transpose_grid(int32_t kernel_size, int32_t stride) co
     return conv_transpose_grid(Vec3i{kernel_size, kernel_size, kernel_size}, Vec3i{stride, stride, stride});
 }
 
+namespace {
+
+/// The geometry of `inner` followed by `outer`, as one strided convolution of the grid `inner` reads:
+/// c reaches S_o c + t_o - p_o through outer and from there S_i (S_o c + t_o - p_o) + t_i - p_i, a
+/// contiguous range of fine coordinates over (t_o, t_i) when K_i >= S_i. False when not contiguous or
+/// when a size passes int32.
+bool compose_geometry(const detail::ConvGeometry& inner, const detail::ConvGeometry& outer, detail::ConvGeometry* out) {
+    int64_t volume = 1;
+    for (int a = 0; a < 3; ++a) {
+        if (inner.kernel[a] < inner.stride[a]) return false;
+        const int64_t kernel = int64_t{inner.stride[a]} * (outer.kernel[a] - 1) + inner.kernel[a];
+        const int64_t stride = int64_t{inner.stride[a]} * outer.stride[a];
+        const int64_t pad = int64_t{inner.stride[a]} * outer.pad[a] + inner.pad[a];
+        if (kernel > INT32_MAX || stride > INT32_MAX || pad > INT32_MAX) return false;
+        volume *= kernel;
+        out->kernel[a] = static_cast<int32_t>(kernel);
+        out->stride[a] = static_cast<int32_t>(stride);
+        out->pad[a] = static_cast<int32_t>(pad);
+    }
+    return volume <= INT32_MAX;
+}
+
+}  // namespace
+
+GridPyramid GridBatch::pyramid(const Vec3i& kernel_size, const Vec3i& stride, int32_t levels,
+                               const std::vector<Vec3i>& coarsening_factors) const {
+    constexpr const char* op = "pyramid";
+    const detail::ConvGeometry g = detail::make_conv_geometry(op, kernel_size, stride);
+    if (levels < 0) throw_error(op, ": levels must be >= 0, got ", levels);
+    for (const Vec3i& factor : coarsening_factors) detail::check_positive(op, "coarsening factor", factor);
+
+    // What is built from this grid in one pass, and where each result goes.
+    std::vector<detail::ConvGeometry> geometries;
+    std::vector<CoordBox> boxes;
+    std::vector<std::vector<MemberTransform>> built_transforms;
+    GridPyramid out;
+    out.levels.resize(static_cast<size_t>(levels));
+    out.coarsened.resize(coarsening_factors.size());
+    std::vector<GridBatch*> destination;
+
+    // Levels while they compose into one strided convolution of this grid; the rest from the level before.
+    int32_t composed_levels = 0;
+    if (!g.is_uniform(1, 1)) {
+        detail::ConvGeometry composed = g;
+        CoordBox box = coordinate_box();
+        std::vector<MemberTransform> level_transforms = transforms();
+        for (int32_t l = 0; l < levels; ++l) {
+            if (l > 0 && !compose_geometry(composed, g, &composed)) break;
+            // Boxes and transforms level by level, as the calls replaced compute them.
+            box = detail::conv_grid_box(op, box, g);
+            level_transforms = map_transforms(level_transforms, scale_up, detail::stride_of(g));
+            detail::checked_mul(op, "candidate count", num_voxels(), detail::conv_grid_candidates_per_voxel(composed));
+            geometries.push_back(composed);
+            boxes.push_back(box);
+            built_transforms.push_back(level_transforms);
+            destination.push_back(&out.levels[static_cast<size_t>(l)]);
+            ++composed_levels;
+        }
+    }
+    for (size_t i = 0; i < coarsening_factors.size(); ++i) {
+        const Vec3i& factor = coarsening_factors[i];
+        if (factor == Vec3i{1, 1, 1}) {
+            out.coarsened[i] = *this;
+            continue;
+        }
+        // floor(ijk / f): the strided convolution of kernel f, stride f and no padding.
+        detail::ConvGeometry coarsen{};
+        for (int a = 0; a < 3; ++a) {
+            coarsen.kernel[a] = factor[a];
+            coarsen.stride[a] = factor[a];
+            coarsen.pad[a] = 0;
+        }
+        geometries.push_back(coarsen);
+        boxes.push_back(detail::coarsened_box(coordinate_box(), factor));
+        built_transforms.push_back(map_transforms(transforms(), coarsen_transform, factor));
+        destination.push_back(&out.coarsened[i]);
+    }
+    std::vector<GridTopology> topologies = on_backend(
+        op, device(), [&](auto backend) { return backend.conv_grids(*m_storage, geometries, boxes); });
+    for (size_t i = 0; i < topologies.size(); ++i)
+        *destination[i] = detail::make_grid(std::move(topologies[i]), std::move(built_transforms[i]), context());
+    for (int32_t l = composed_levels; l < levels; ++l)
+        out.levels[static_cast<size_t>(l)] =
+            (l == 0 ? *this : out.levels[static_cast<size_t>(l) - 1]).conv_grid(kernel_size, stride);
+    return out;
+}
+
 GridBatch GridBatch::coarsened_grid(const Vec3i& factor) const {
     constexpr const char* op = "coarsened_grid";
     detail::check_positive(op, "factor", factor);

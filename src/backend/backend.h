@@ -56,6 +56,9 @@ struct MapConvolution {
 /// are bitwise reproducible. rows_are_source is CUDA only (the CPU backend sums over target rows).
 struct MapWeightGradient {
     const int32_t* map = nullptr;
+    /// Optional: the same map tap by tap (tap_major[t * rows + r] == map[r * volume + t]), which the CUDA
+    /// engine reads contiguously where `map` costs it a sector per entry.
+    const int32_t* tap_major = nullptr;
     int64_t rows = 0;
     int32_t volume = 1;
     bool rows_are_source = false;
@@ -102,6 +105,9 @@ struct MapWeightGradient {
     /* General paths of generated grids: candidates, sort, unique. out_box covers the output and fits the */     \
     /* key codec; the front end has checked the candidate count (voxels x per-voxel candidates) for int64. */     \
     X(GridTopology, conv_grid, const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box)            \
+    /* conv_grid of each geometry (out_boxes[i] for gs[i]), built together: CUDA syncs once for all. */          \
+    X(std::vector<GridTopology>, conv_grids, const GridStorage& grid, const std::vector<ConvGeometry>& gs,         \
+      const std::vector<CoordBox>& out_boxes)                                                                      \
     X(GridTopology, conv_transpose_grid, const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box)  \
     X(GridTopology, coarsened_grid, const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box)         \
     X(GridTopology, refined_grid, const GridStorage& grid, const Vec3i& factor, const CoordBox& out_box)           \
@@ -137,6 +143,8 @@ struct MapWeightGradient {
     /* A permutation of the map's rows stably sorted by the set of taps at which each has an edge. */            \
     /* 1 < volume <= 64, rows < 2^31. */                                                                           \
     X(Buffer<int32_t>, row_order, const int32_t* map, int64_t rows, int32_t volume, const Context& ctx)            \
+    /* The map with taps as rows: out[t * rows + r] = map[r * volume + t]. */                                     \
+    X(Buffer<int32_t>, tap_major_map, const int32_t* map, int64_t rows, int32_t volume, const Context& ctx)        \
     X(void, map_convolution, const MapConvolution& args, const Context& ctx)                                       \
     X(void, map_weight_gradient, const MapWeightGradient& args, const Context& ctx)                               \
     /* The tile configurations of the tensor-core convolution engine (CPU: none); all sum alike. */               \

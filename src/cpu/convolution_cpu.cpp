@@ -190,6 +190,16 @@ namespace sparsegrid::detail {
 
 using namespace cpu;
 
+Buffer<int32_t> CpuBackend::tap_major_map(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
+    Buffer<int32_t> out = Buffer<int32_t>::allocate(rows * volume, ctx);
+    int32_t* data = out.data();
+    parallel_chunks(rows, [&](int64_t begin, int64_t end, int, int) {
+        for (int64_t r = begin; r < end; ++r)
+            for (int32_t t = 0; t < volume; ++t) data[int64_t{t} * rows + r] = map[r * volume + t];
+    });
+    return out;
+}
+
 Buffer<int32_t> CpuBackend::row_order(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
     // Rows stably sorted by their tap sets (bit t for tap t), the permutation the CUDA backend builds.
     std::vector<uint64_t> taps(static_cast<size_t>(rows), 0);

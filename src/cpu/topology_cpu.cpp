@@ -352,6 +352,14 @@ GridTopology CpuBackend::conv_grid(const GridStorage& grid, const ConvGeometry& 
     });
 }
 
+std::vector<GridTopology> CpuBackend::conv_grids(const GridStorage& grid, const std::vector<ConvGeometry>& gs,
+                                                 const std::vector<CoordBox>& out_boxes) {
+    std::vector<GridTopology> topologies;
+    topologies.reserve(gs.size());
+    for (size_t i = 0; i < gs.size(); ++i) topologies.push_back(conv_grid(grid, gs[i], out_boxes[i]));
+    return topologies;
+}
+
 GridTopology CpuBackend::conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     const int32_t volume = g.kernel_volume();

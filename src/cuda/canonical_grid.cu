@@ -150,8 +150,8 @@ void init_box(int32_t* box, int32_t* flag, cudaStream_t stream) {
 // ---- keys to grids --------------------------------------------------------------------------------
 
 template <typename KeyT>
-GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const CoordBox& box,
-                                bool box_exact, const Context& ctx) {
+FinishTopology begin_canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size,
+                                        const CoordBox& box, bool box_exact, Readback& readback, const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
     const int64_t n = keys.size();
     Buffer<int32_t> box_buffer;
@@ -167,40 +167,58 @@ GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64
     // every sentinel after every valid key.
     const int end_bit = codec.total_bits() + 1;
     Buffer<KeyT> sorted = Buffer<KeyT>::allocate(n, ctx);
-    Buffer<KeyT> unique = Buffer<KeyT>::allocate(n, ctx);
+    auto unique = std::make_shared<Buffer<KeyT>>(Buffer<KeyT>::allocate(n, ctx));
     Buffer<int64_t> unique_count = Buffer<int64_t>::allocate(1, ctx);
     cub_call(ctx, [&](void* temp, size_t& bytes) {
         return cub::DeviceRadixSort::SortKeys(temp, bytes, keys.data(), sorted.data(), n, 0, end_bit, stream);
     });
     keys = Buffer<KeyT>();  // the candidates are no longer needed
     cub_call(ctx, [&](void* temp, size_t& bytes) {
-        return cub::DeviceSelect::Unique(temp, bytes, sorted.data(), unique.data(), unique_count.data(), n, stream);
+        return cub::DeviceSelect::Unique(temp, bytes, sorted.data(), unique->data(), unique_count.data(), n, stream);
     });
     sorted = Buffer<KeyT>();
-    Buffer<int64_t> offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
+    auto offsets_buffer = std::make_shared<Buffer<int64_t>>(Buffer<int64_t>::allocate(batch_size + 1, ctx));
     member_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(
-        unique.data(), unique_count.data(), codec, batch_size, offsets_buffer.data());
+        unique->data(), unique_count.data(), codec, batch_size, offsets_buffer->data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    Readback readback(ctx);
-    const size_t slot = readback.enqueue(offsets_buffer.data(), batch_size + 1);
+    const size_t slot = readback.enqueue(offsets_buffer->data(), batch_size + 1);
     const size_t box_slot = box_exact ? 0 : readback.enqueue(box_buffer.data(), 6);
+    // Every buffer the readback copies from or the finishing step reads is held by the finishing step:
+    // a buffer released before the readback's wait() could be reused by another grid's work first.
+    return [ctx, stream, codec, batch_size, box, box_exact, slot, box_slot, unique, offsets_buffer,
+            box_buffer](const Readback& done) {
+        GridTopology topology;
+        topology.offsets = done.get<int64_t>(slot, batch_size + 1);
+        const int64_t count = topology.offsets.back();
+        topology.box = box;
+        if (!box_exact) {
+            const std::vector<int32_t> exact = done.get<int32_t>(box_slot, 6);
+            topology.box = count == 0 ? CoordBox{}
+                                      : CoordBox{{exact[0], exact[1], exact[2]}, {exact[3], exact[4], exact[5]}};
+        }
+        topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
+        if (count > 0) {
+            decode_kernel<<<blocks_for(count), kThreads, 0, stream>>>(unique->data(), count, codec,
+                                                                      topology.ijk.data());
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+        }
+        topology.offsets_buffer = std::move(*offsets_buffer);
+        return topology;
+    };
+}
+
+template FinishTopology begin_canonical_topology<uint64_t>(Buffer<uint64_t>&, const KeyCodec&, int64_t, const CoordBox&,
+                                                           bool, Readback&, const Context&);
+template FinishTopology begin_canonical_topology<Key128>(Buffer<Key128>&, const KeyCodec&, int64_t, const CoordBox&,
+                                                         bool, Readback&, const Context&);
+
+template <typename KeyT>
+GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const CoordBox& box,
+                                bool box_exact, const Context& ctx) {
+    Readback readback(ctx);
+    const FinishTopology finish = begin_canonical_topology(keys, codec, batch_size, box, box_exact, readback, ctx);
     readback.wait();
-    GridTopology topology;
-    topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
-    const int64_t count = topology.offsets.back();
-    topology.box = box;
-    if (!box_exact) {
-        const std::vector<int32_t> exact = readback.get<int32_t>(box_slot, 6);
-        topology.box = count == 0 ? CoordBox{}
-                                  : CoordBox{{exact[0], exact[1], exact[2]}, {exact[3], exact[4], exact[5]}};
-    }
-    topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
-    if (count > 0) {
-        decode_kernel<<<blocks_for(count), kThreads, 0, stream>>>(unique.data(), count, codec, topology.ijk.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    }
-    topology.offsets_buffer = std::move(offsets_buffer);
-    return topology;
+    return finish(readback);
 }
 
 template GridTopology canonical_topology<uint64_t>(Buffer<uint64_t>&, const KeyCodec&, int64_t, const CoordBox&, bool,
@@ -208,34 +226,47 @@ template GridTopology canonical_topology<uint64_t>(Buffer<uint64_t>&, const KeyC
 template GridTopology canonical_topology<Key128>(Buffer<Key128>&, const KeyCodec&, int64_t, const CoordBox&, bool,
                                                  const Context&);
 
-GridTopology canonical_from_bitmap(const Buffer<unsigned long long>& words, const KeyCodec& codec, int64_t batch_size,
-                                   const CoordBox& box, const Context& ctx) {
+FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
+                                           const CoordBox& box, Readback& readback, const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
     const int64_t num_words = words.size();
     const int64_t chunks = num_words / kChunkWords;
     Buffer<int32_t> counts = Buffer<int32_t>::allocate(chunks + 1, ctx);
-    Buffer<int32_t> position = Buffer<int32_t>::allocate(chunks + 1, ctx);
+    auto position = std::make_shared<Buffer<int32_t>>(Buffer<int32_t>::allocate(chunks + 1, ctx));
     chunk_popcount_kernel<<<blocks_for(chunks + 1), kThreads, 0, stream>>>(words.data(), chunks, counts.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    exclusive_scan(counts.data(), position.data(), chunks + 1, ctx);
-    GridTopology topology;
-    topology.offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
+    exclusive_scan(counts.data(), position->data(), chunks + 1, ctx);
+    auto offsets_buffer = std::make_shared<Buffer<int64_t>>(Buffer<int64_t>::allocate(batch_size + 1, ctx));
     bitmap_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(
-        words.data(), position.data(), chunks, codec, batch_size, topology.offsets_buffer.data());
+        words.data(), position->data(), chunks, codec, batch_size, offsets_buffer->data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    const size_t slot = readback.enqueue(offsets_buffer->data(), batch_size + 1);
+    auto bitmap = std::make_shared<Buffer<unsigned long long>>(std::move(words));
+    // Held as in begin_canonical_topology: the offsets until the readback, the bitmap and ranks until
+    // the grid is read out.
+    return
+        [ctx, stream, codec, batch_size, box, slot, num_words, bitmap, position, offsets_buffer](const Readback& done) {
+            GridTopology topology;
+            topology.offsets = done.get<int64_t>(slot, batch_size + 1);
+            const int64_t count = topology.offsets.back();
+            topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
+            if (count > 0) {
+                bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(
+                    bitmap->data(), position->data(), num_words, codec, topology.ijk.data());
+                SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            }
+            topology.offsets_buffer = std::move(*offsets_buffer);
+            topology.box = box;
+            return topology;
+        };
+}
+
+GridTopology canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
+                                   const CoordBox& box, const Context& ctx) {
     Readback readback(ctx);
-    const size_t slot = readback.enqueue(topology.offsets_buffer.data(), batch_size + 1);
+    const FinishTopology finish = begin_canonical_from_bitmap(std::move(words), codec, batch_size, box, readback, ctx);
     readback.wait();
-    topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
-    const int64_t count = topology.offsets.back();
-    topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
-    if (count > 0) {
-        bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(words.data(), position.data(), num_words,
-                                                                           codec, topology.ijk.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    }
-    topology.box = box;
-    return topology;
+    return finish(readback);
 }
 
 }  // namespace sparsegrid::detail::cuda

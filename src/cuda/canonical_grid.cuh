@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <functional>
 
 namespace sparsegrid::detail::cuda {
 
@@ -42,6 +43,11 @@ __device__ __forceinline__ void fold_box(int32_t* box, const int32_t v[3], bool 
 
 // ---- the canonical grid of candidate keys -------------------------------------------------------------
 
+/// The second half of building a grid whose size is read back: given the readback after its wait(), it
+/// allocates the grid and decodes it. The first halves (begin_*) only enqueue work and readback
+/// requests, so that several grids share one wait: one host synchronisation for all of them.
+using FinishTopology = std::function<GridTopology(const Readback&)>;
+
 /// Sorts candidate keys (all-ones sentinels last), removes duplicates and decodes them into a grid of
 /// `batch_size` members; `keys` is released. `box` is the box of the result when `box_exact`;
 /// otherwise only a cover (it sizes the codec), and the exact box is computed from the keys.
@@ -50,6 +56,10 @@ __device__ __forceinline__ void fold_box(int32_t* box, const int32_t v[3], bool 
 template <typename KeyT>
 GridTopology canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size, const CoordBox& box,
                                 bool box_exact, const Context& ctx);
+/// canonical_topology up to its readback (requests enqueued on `readback`).
+template <typename KeyT>
+FinishTopology begin_canonical_topology(Buffer<KeyT>& keys, const KeyCodec& codec, int64_t batch_size,
+                                        const CoordBox& box, bool box_exact, Readback& readback, const Context& ctx);
 
 /// Words of the bitmap per chunk of its per-chunk popcounts.
 constexpr int64_t kChunkWords = 8;
@@ -57,8 +67,11 @@ constexpr int64_t kChunkWords = 8;
 /// Reads a bitmap over the key space (at least kChunkWords words) out in key order: per-chunk popcounts,
 /// one scan, offsets of the member boundaries, one sync, then every set bit decoded at its rank. `box`
 /// must be exact.
-GridTopology canonical_from_bitmap(const Buffer<unsigned long long>& words, const KeyCodec& codec, int64_t batch_size,
+GridTopology canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
                                    const CoordBox& box, const Context& ctx);
+/// canonical_from_bitmap up to its readback (requests enqueued on `readback`).
+FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
+                                           const CoordBox& box, Readback& readback, const Context& ctx);
 
 /// Where candidate keys go: into fixed slots of a key array (sorted afterwards; unused slots get the
 /// sentinel), or into a bitmap over the whole key space (read out in key order afterwards).
@@ -88,12 +101,11 @@ inline bool use_bitmap(const KeyCodec& codec, int64_t candidates, bool box_exact
     return (int64_t{1} << codec.total_bits()) <= 64 * std::max<int64_t>(candidates, int64_t{1} << 20);
 }
 
-/// Builds a generated grid from candidates: launch(key_tag, sink) emits `slots` candidates into the
-/// sink, either fixed key slots (then sorted) or the bitmap. One sync (canonical_topology or
-/// canonical_from_bitmap).
+/// Builds a generated grid from candidates up to its readback: launch(key_tag, sink) emits `slots`
+/// candidates into the sink, either fixed key slots (then sorted) or the bitmap.
 template <typename Launch>
-GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64_t slots, const CoordBox& box,
-                           bool box_exact, Launch&& launch) {
+FinishTopology begin_generate_grid(const GridStorage& grid, const KeyCodec& codec, int64_t slots, const CoordBox& box,
+                                   bool box_exact, Readback& readback, Launch&& launch) {
     const Context& ctx = grid.context;
     if (use_bitmap(codec, slots, box_exact)) {
         const int64_t bits = int64_t{1} << codec.total_bits();
@@ -102,14 +114,25 @@ GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64
         CudaBackend::fill_bytes(words.data(), ctx.device, 0,
                                 static_cast<size_t>(num_words) * sizeof(unsigned long long), ctx.stream);
         if (slots > 0) launch(uint64_t{}, BitmapSink{words.data()});
-        return canonical_from_bitmap(words, codec, grid.batch_size(), box, ctx);
+        return begin_canonical_from_bitmap(std::move(words), codec, grid.batch_size(), box, readback, ctx);
     }
     return with_key_type(codec, [&](auto key_tag) {
         using KeyT = decltype(key_tag);
         Buffer<KeyT> keys = Buffer<KeyT>::allocate(slots, ctx);
         if (slots > 0) launch(key_tag, SlotSink<KeyT>{keys.data()});
-        return canonical_topology(keys, codec, grid.batch_size(), box, box_exact, ctx);
+        return begin_canonical_topology(keys, codec, grid.batch_size(), box, box_exact, readback, ctx);
     });
+}
+
+/// Builds a generated grid from candidates (begin_generate_grid), with its own readback: one sync.
+template <typename Launch>
+GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64_t slots, const CoordBox& box,
+                           bool box_exact, Launch&& launch) {
+    Readback readback(grid.context);
+    const FinishTopology finish = begin_generate_grid(grid, codec, slots, box, box_exact, readback,
+                                                      std::forward<Launch>(launch));
+    readback.wait();
+    return finish(readback);
 }
 
 // ---- order-preserving compaction ----------------------------------------------------------------------

@@ -63,6 +63,28 @@ Buffer<int32_t> row_order_typed(const int32_t* map, int64_t rows, int32_t volume
     return order;
 }
 
+/// A tile of 32 rows x every tap through shared memory: read row-major (consecutive threads, consecutive
+/// entries), written tap-major (32 consecutive rows of one tap per warp). The tile's row pitch is odd
+/// (volume | 1), so the column reads of the second loop fall on distinct banks.
+constexpr int kTapMajorRows = 32;
+
+__global__ void tap_major_kernel(const int32_t* __restrict__ map, int64_t rows, int32_t volume,
+                                 int32_t* __restrict__ out) {
+    extern __shared__ int32_t tile[];  // [kTapMajorRows][volume | 1]
+    const int32_t pitch = volume | 1;
+    const int64_t r0 = int64_t{blockIdx.x} * kTapMajorRows;
+    const int32_t tile_rows = static_cast<int32_t>(rows - r0 < kTapMajorRows ? rows - r0 : kTapMajorRows);
+    const int32_t entries = tile_rows * volume;
+    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < entries; i += static_cast<int32_t>(blockDim.x))
+        tile[(i / volume) * pitch + i % volume] = map[r0 * volume + i];
+    __syncthreads();
+    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < kTapMajorRows * volume;
+         i += static_cast<int32_t>(blockDim.x)) {
+        const int32_t t = i / kTapMajorRows, r = i % kTapMajorRows;
+        if (r < tile_rows) out[int64_t{t} * rows + r0 + r] = tile[r * pitch + t];
+    }
+}
+
 }  // namespace
 
 }  // namespace sparsegrid::detail::cuda
@@ -80,6 +102,21 @@ Buffer<int32_t> CudaBackend::row_order(const int32_t* map, int64_t rows, int32_t
     DeviceGuard guard(ctx);
     return volume <= 32 ? row_order_typed<uint32_t>(map, rows, volume, ctx)
                         : row_order_typed<uint64_t>(map, rows, volume, ctx);
+}
+
+// One launch, no sync. The tile takes (volume | 1) x 32 x 4 bytes of shared memory, within the default
+// 48 KB for volume <= 374 (the front end asks for no larger kernels).
+Buffer<int32_t> CudaBackend::tap_major_map(const int32_t* map, int64_t rows, int32_t volume, const Context& ctx) {
+    DeviceGuard guard(ctx);
+    if (volume > 374) throw_error("tap_major_map: at most 374 taps, got ", volume);
+    Buffer<int32_t> out = Buffer<int32_t>::allocate(rows * volume, ctx);
+    if (rows == 0) return out;
+    const cudaStream_t stream = stream_of(ctx);
+    const int64_t blocks = (rows + kTapMajorRows - 1) / kTapMajorRows;
+    const size_t shared = static_cast<size_t>(kTapMajorRows) * static_cast<size_t>(volume | 1) * sizeof(int32_t);
+    tap_major_kernel<<<static_cast<unsigned>(blocks), 256, shared, stream>>>(map, rows, volume, out.data());
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    return out;
 }
 
 void CudaBackend::map_convolution(const MapConvolution& args, const Context& ctx) {

@@ -210,15 +210,19 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     // commits a group either way, so that group counting stays uniform). Steps are issued in order, so
     // the (tap, chunk) of the next one is kept as counters.
     //
-    // Scatter mode with one channel chunk: the A tile (the block's own rows) is the same at every step,
-    // so it is copied once, into stage 0, and only B is pipelined. Rows without an edge at a tap then
-    // multiply their features instead of zeros, but those products are never written (their target is
-    // -1), and the written ones are the same sums in the same order.
-    const bool resident_a = kScatter && chunks == 1;
+    // Scatter mode with at most kStages channel chunks: the A tile of a chunk (the block's own rows) is
+    // the same at every tap, so chunk c is copied once, by the c-th load, into the A area of stage c
+    // (loads go to the stages in turn), and only B is pipelined after that. Rows without an edge at a tap
+    // then multiply their features instead of zeros, but those products are never written (their target
+    // is -1), and the written ones are the same sums in the same order.
+    // (128 x 128 tiles of 128-byte rows keep one chunk: the addressing of more cost them a spill.)
+    constexpr int kResidentChunks = BM * BN >= 128 * 128 && kRowBytes >= 128 ? 1 : kStages;
+    const bool resident_a = kScatter && (kResidentChunks > 1 ? chunks <= kResidentChunks : chunks == 1);
     int load_tap = 0, load_chunk = 0, loaded = 0;
     auto load_next = [&](int stage) {
         if (loaded >= steps) return;
-        const bool copy_a = !resident_a || loaded == 0;
+        // The first tap's loads are the first `chunks` ones.
+        const bool copy_a = !resident_a || (kResidentChunks > 1 ? load_tap == 0 : loaded == 0);
         ++loaded;
         const int t = active[load_tap];
         const int k = load_chunk * kChunk + v * kElementsPerVector;
@@ -300,7 +304,10 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
         load_next((step + kStages - 1) % kStages);
         mma::commit_copies();
         const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
-        const uint32_t a_tile = resident_a ? base : stage;  // resident: stage 0's A area
+        // Resident: the A area of the stage that took this chunk's first load.
+        const uint32_t a_tile = resident_a
+            ? base + (kResidentChunks > 1 ? static_cast<uint32_t>(chunk * kStageBytes) : 0u)
+            : stage;
 #pragma unroll
         for (int kk = 0; kk < kRowBytes / 32; ++kk) {
             uint32_t a[MI][4];

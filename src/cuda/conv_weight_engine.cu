@@ -79,13 +79,11 @@ __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], uint3
 #endif
 
 template <typename T, int BM, int BN, int WM, int WN, int kStages>
-__global__ __launch_bounds__(
-    (BM / WM) * (BN / WN) * 32,
-    engine_min_blocks(BM / WM * (BN / WN),
-                      WM* WN)) void weight_engine_kernel(const int32_t* __restrict__ map, int64_t rows, int32_t volume,
-                                                         const T* __restrict__ gathered, const T* __restrict__ per_row,
-                                                         float* __restrict__ partial, int32_t a_channels,
-                                                         int32_t b_channels, int64_t rows_per_slot, int32_t tiles_n) {
+__global__
+__launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / WN), WM* WN)) void weight_engine_kernel(
+    const int32_t* __restrict__ map, const int32_t* __restrict__ tap_major, int64_t rows, int32_t volume,
+    const T* __restrict__ gathered, const T* __restrict__ per_row, float* __restrict__ partial, int32_t a_channels,
+    int32_t b_channels, int64_t rows_per_slot, int32_t tiles_n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // never launched there: the engine needs compute capability 8.0
 #else
@@ -139,7 +137,12 @@ __global__ __launch_bounds__(
         for (int i = 0; i < kRowsPerThread; ++i) {
             const int64_t r = list0 + tid * kRowsPerThread + i;
             s[i] = -1;
-            if (r < list_end) s[i] = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            // Tap-major, a thread's rows are one 32-byte sector and a warp's 32 consecutive ones; row-major,
+            // every entry costs a sector of its own (a row of the map is `volume` entries long).
+            if (r < list_end)
+                s[i] = tap_major ? tap_major[int64_t{t} * rows + r]
+                    : map        ? map[r * volume + t]
+                                 : static_cast<int32_t>(r);
             present[i] = s[i] >= 0 ? 1 : 0;
         }
         int edges = 0;
@@ -276,13 +279,13 @@ __global__ __launch_bounds__(
 #endif
 }
 
-using WeightKernel = void (*)(const int32_t*, int64_t, int32_t, const void*, const void*, float*, int32_t, int32_t,
-                              int64_t, int64_t, cudaStream_t);
+using WeightKernel = void (*)(const int32_t*, const int32_t*, int64_t, int32_t, const void*, const void*, float*,
+                              int32_t, int32_t, int64_t, int64_t, cudaStream_t);
 
 template <typename T, int BM, int BN, int WM, int WN, int kStages>
-void launch_weight_engine(const int32_t* map, int64_t rows, int32_t volume, const void* gathered, const void* per_row,
-                          float* partial, int32_t a_channels, int32_t b_channels, int64_t slots, int64_t rows_per_slot,
-                          cudaStream_t stream) {
+void launch_weight_engine(const int32_t* map, const int32_t* tap_major, int64_t rows, int32_t volume,
+                          const void* gathered, const void* per_row, float* partial, int32_t a_channels,
+                          int32_t b_channels, int64_t slots, int64_t rows_per_slot, cudaStream_t stream) {
     auto* kernel = weight_engine_kernel<T, BM, BN, WM, WN, kStages>;
     constexpr WeightConfig config{BM, BN, WM, WN, kStages};
     const size_t shared_bytes = config.shared_bytes(static_cast<int>(sizeof(T)));
@@ -291,9 +294,9 @@ void launch_weight_engine(const int32_t* map, int64_t rows, int32_t volume, cons
     const int64_t tiles_m = (a_channels + BM - 1) / BM, tiles_n = (b_channels + BN - 1) / BN;
     const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots),
                     static_cast<unsigned>(volume));
-    kernel<<<grid, config.threads(), shared_bytes, stream>>>(map, rows, volume, static_cast<const T*>(gathered),
-                                                             static_cast<const T*>(per_row), partial, a_channels,
-                                                             b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
+    kernel<<<grid, config.threads(), shared_bytes, stream>>>(
+        map, tap_major, rows, volume, static_cast<const T*>(gathered), static_cast<const T*>(per_row), partial,
+        a_channels, b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -370,9 +373,9 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
     static constexpr std::array<WeightKernel, kWeightConfigCount> launchers = weight_launchers<T>();
     auto launch = [&](int config) {
         if (args.rows > 0)
-            launchers[static_cast<size_t>(config)](args.map, args.rows, args.volume, gathered, per_row, partial.data(),
-                                                   static_cast<int32_t>(a_channels), static_cast<int32_t>(b_channels),
-                                                   slots, rows_per_slot, stream);
+            launchers[static_cast<size_t>(config)](args.map, args.tap_major, args.rows, args.volume, gathered, per_row,
+                                                   partial.data(), static_cast<int32_t>(a_channels),
+                                                   static_cast<int32_t>(b_channels), slots, rows_per_slot, stream);
         reduce_weight_grad_kernel<T, float><<<blocks_for(slot_elements), kThreads, 0, stream>>>(
             partial.data(), slots, args.volume, args.in_channels, args.out_channels, rows_are_source,
             static_cast<T*>(args.grad_weight));

@@ -26,14 +26,19 @@ namespace sparsegrid::detail::cuda {
 
 /// Checks the last launch; with SPARSEGRID_CUDA_DEBUG set (and not "0") also waits for it, so an
 /// asynchronous fault is reported at the launch that caused it (debug waits are not counted as syncs).
-#define SPARSEGRID_CUDA_CHECK_LAUNCH(stream)                                                                        \
-    do {                                                                                                            \
-        SPARSEGRID_CUDA_CHECK(cudaGetLastError());                                                                  \
-        if (::sparsegrid::detail::cuda::debug_sync_enabled()) SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(stream)); \
+/// A stream being captured into a CUDA graph is not waited for: the wait would invalidate the capture.
+#define SPARSEGRID_CUDA_CHECK_LAUNCH(stream)                                           \
+    do {                                                                               \
+        SPARSEGRID_CUDA_CHECK(cudaGetLastError());                                     \
+        if (::sparsegrid::detail::cuda::debug_sync_enabled())                          \
+            ::sparsegrid::detail::cuda::debug_wait(static_cast<cudaStream_t>(stream)); \
     } while (0)
 
 /// SPARSEGRID_CUDA_DEBUG, read once (core/env.h's env_switch, off by default).
 bool debug_sync_enabled();
+
+/// The debug wait of SPARSEGRID_CUDA_CHECK_LAUNCH: synchronises the stream unless it is capturing.
+void debug_wait(cudaStream_t stream);
 
 inline cudaStream_t stream_of(const Context& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
 

@@ -21,6 +21,12 @@ bool debug_sync_enabled() {
     return enabled;
 }
 
+void debug_wait(cudaStream_t stream) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    SPARSEGRID_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture == cudaStreamCaptureStatusNone) SPARSEGRID_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 DeviceGuard::DeviceGuard(const Context& ctx) : m_index(ctx.device.index) {
     SPARSEGRID_CUDA_CHECK(cudaGetDevice(&m_previous));
     if (m_previous != m_index) SPARSEGRID_CUDA_CHECK(cudaSetDevice(m_index));

@@ -257,8 +257,11 @@ Buffer<int32_t> CudaBackend::points_to_ijk(const double* xyz, const std::vector<
     return ijk;
 }
 
-GridTopology CudaBackend::conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
-    DeviceGuard guard(grid.context);
+namespace {
+
+/// conv_grid up to its readback (begin_generate_grid).
+FinishTopology begin_conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box,
+                               Readback& readback) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
     // At most the kernel volume (an int32); the front end has checked the product for int64.
     const auto per_voxel = static_cast<int32_t>(conv_grid_candidates_per_voxel(g));
@@ -266,13 +269,38 @@ GridTopology CudaBackend::conv_grid(const GridStorage& grid, const ConvGeometry&
     const int64_t slots = n * per_voxel;
     // The box is exact only when every fine voxel reaches a coarse voxel on every axis (K >= S).
     const bool box_exact = g.kernel[0] >= g.stride[0] && g.kernel[1] >= g.stride[1] && g.kernel[2] >= g.stride[2];
-    return generate_grid(grid, codec, slots, out_box, box_exact, [&](auto key_tag, auto sink) {
+    return begin_generate_grid(grid, codec, slots, out_box, box_exact, readback, [&](auto key_tag, auto sink) {
         using KeyT = decltype(key_tag);
         conv_grid_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(grid.context)>>>(
             grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g, per_voxel, codec,
             sink);
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
     });
+}
+
+}  // namespace
+
+GridTopology CudaBackend::conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {
+    DeviceGuard guard(grid.context);
+    Readback readback(grid.context);
+    const FinishTopology finish = begin_conv_grid(grid, g, out_box, readback);
+    readback.wait();
+    return finish(readback);
+}
+
+std::vector<GridTopology> CudaBackend::conv_grids(const GridStorage& grid, const std::vector<ConvGeometry>& gs,
+                                                  const std::vector<CoordBox>& out_boxes) {
+    if (gs.empty()) return {};
+    DeviceGuard guard(grid.context);
+    Readback readback(grid.context);
+    std::vector<FinishTopology> finishing;
+    finishing.reserve(gs.size());
+    for (size_t i = 0; i < gs.size(); ++i) finishing.push_back(begin_conv_grid(grid, gs[i], out_boxes[i], readback));
+    readback.wait();  // the one sync: every grid's member offsets (and boxes) at once
+    std::vector<GridTopology> topologies;
+    topologies.reserve(gs.size());
+    for (const FinishTopology& finish : finishing) topologies.push_back(finish(readback));
+    return topologies;
 }
 
 GridTopology CudaBackend::conv_transpose_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box) {

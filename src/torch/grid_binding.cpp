@@ -160,6 +160,27 @@ GridBatchHolder::Ptr GridBatchHolder::coarsened_grid(std::vector<int64_t> factor
     return wrap(grid.coarsened_grid(f));
 }
 
+std::vector<GridBatchHolder::Ptr> GridBatchHolder::pyramid(std::vector<int64_t> kernel_size,
+                                                         std::vector<int64_t> stride, int64_t levels,
+                                                         std::vector<int64_t> coarsening_factors) const {
+    constexpr const char* op = "pyramid";
+    const Vec3i kernel = triple(kernel_size, op, "kernel_size"), step = triple(stride, op, "stride");
+    if (levels < 0 || levels > INT32_MAX) fail(op, ": levels must be in [0, 2^31), got ", levels);
+    if (coarsening_factors.size() % 3 != 0)
+        fail(op, ": coarsening_factors must hold 3 entries per factor, got ", coarsening_factors.size());
+    std::vector<Vec3i> factors;
+    for (size_t i = 0; i < coarsening_factors.size(); i += 3)
+        factors.push_back(triple(std::vector<int64_t>(coarsening_factors.begin() + static_cast<std::ptrdiff_t>(i),
+                                                      coarsening_factors.begin() + static_cast<std::ptrdiff_t>(i + 3)),
+                                 op, "coarsening factor"));
+    const CoreScope scope(grid.context());
+    const sparsegrid::GridPyramid built = grid.pyramid(kernel, step, static_cast<int32_t>(levels), factors);
+    std::vector<Ptr> out;
+    for (const auto* grids : {&built.levels, &built.coarsened})
+        for (const sparsegrid::GridBatch& g : *grids) out.push_back(wrap(g));
+    return out;
+}
+
 GridBatchHolder::Ptr GridBatchHolder::refined_grid(std::vector<int64_t> factor,
                                                    c10::optional<torch::Tensor> mask) const {
     constexpr const char* op = "refined_grid";

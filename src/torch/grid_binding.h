@@ -60,6 +60,10 @@ struct GridBatchHolder : torch::CustomClassHolder {
     Ptr conv_grid(std::vector<int64_t> kernel_size, std::vector<int64_t> stride) const;
     Ptr conv_transpose_grid(std::vector<int64_t> kernel_size, std::vector<int64_t> stride) const;
     Ptr coarsened_grid(std::vector<int64_t> factor) const;
+    /// GridBatch::pyramid: the levels, then the coarsened grids, in one list. coarsening_factors holds
+    /// 3 entries per factor.
+    std::vector<Ptr> pyramid(std::vector<int64_t> kernel_size, std::vector<int64_t> stride, int64_t levels,
+                             std::vector<int64_t> coarsening_factors) const;
     /// `mask`: one entry per voxel on the grid's device, nonzero = refine (any dtype); none = all.
     Ptr refined_grid(std::vector<int64_t> factor, c10::optional<torch::Tensor> mask) const;
     /// `distance` must fit int32; its range is the core's to check.

@@ -81,6 +81,7 @@ TORCH_LIBRARY(sparsegrid, m) {
         .def("conv_grid", &GridBatchHolder::conv_grid)
         .def("conv_transpose_grid", &GridBatchHolder::conv_transpose_grid)
         .def("coarsened_grid", &GridBatchHolder::coarsened_grid)
+        .def("pyramid", &GridBatchHolder::pyramid)
         .def("refined_grid", &GridBatchHolder::refined_grid)
         .def("dilated_grid", &GridBatchHolder::dilated_grid)
         .def("pruned_grid", &GridBatchHolder::pruned_grid)

@@ -166,6 +166,19 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
     log.grid("dilated_grid(2)", 1, [&] { return grid.dilated_grid(2); });
     log.grid("merged_grid", 1, [&] { return grid.merged_grid(other); });
     log.grid("clipped_grid", 1, [&] { return grid.clipped_grid({{-30, -20, -60}}, {{30, 40, 20}}).grid; });
+    // Documented in grid_batch.h: 1 sync for every level and coarsened grid together.
+    const sparsegrid::GridPyramid pyramid = log.measure("pyramid(3, 2, 4 levels, 3 coarsened)", 1, [&] {
+        return grid.pyramid({3, 3, 3}, {2, 2, 2}, 4, {{2, 2, 2}, {4, 4, 4}, {8, 8, 8}});
+    });
+    log.measurements().back().read_result = [pyramid] {
+        std::vector<int64_t> out;
+        for (const auto* grids : {&pyramid.levels, &pyramid.coarsened})
+            for (const GridBatch& g : *grids) {
+                const std::vector<int64_t> contents = grid_contents(g);
+                out.insert(out.end(), contents.begin(), contents.end());
+            }
+        return out;
+    };
     // Documented in grid_batch.h: the hit count (with the checks), then the member offsets.
     log.grid("from_mesh (8 spheres)", 2, [&] {
         return GridBatch::from_mesh(mesh_vertices, meshes.vertex_offsets, mesh_faces, meshes.face_offsets, transforms,

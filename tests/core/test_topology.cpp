@@ -126,6 +126,63 @@ TEST_P(TopologyTest, ConvGridMatchesOracle) {
         }
 }
 
+/// Two grids alike: voxels, order, member offsets, transforms (bitwise) and device.
+void expect_same_grid(const GridBatch& got, const GridBatch& want, const std::string& what) {
+    EXPECT_EQ(got.ijk().to_host(), want.ijk().to_host()) << what;
+    EXPECT_EQ(got.voxel_offsets(), want.voxel_offsets()) << what;
+    EXPECT_EQ(got.coordinate_box(), want.coordinate_box()) << what;
+    EXPECT_EQ(got.transforms(), want.transforms()) << what;
+    EXPECT_EQ(got.device(), want.device()) << what;
+}
+
+TEST_P(TopologyTest, PyramidEqualsTheCallsItReplaces) {
+    const std::vector<Vec3i> factors = {{2, 2, 2}, {4, 4, 4}, {3, 1, 2}, {1, 1, 1}, {8, 8, 8}};
+    for (bool far : {false, true})
+        for (std::size_t i = 0; i < test_seeds().size(); ++i) {
+            const RandomCase c = make_case(i, far, ctx());
+            SCOPED_TRACE(trace(c));
+            std::vector<std::pair<Vec3i, Vec3i>> cases = kernel_cases(c.seed);
+            cases.push_back({{2, 3, 1}, {2, 2, 1}});
+            cases.push_back({{1, 3, 3}, {2, 2, 2}});  // K < S on one axis: levels one from the other
+            for (const auto& [k, s] : cases) {
+                SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
+                std::vector<GridBatch> chain;
+                bool chain_throws = false;
+                try {
+                    for (int l = 0; l < 4; ++l) chain.push_back((l == 0 ? c.grid : chain.back()).conv_grid(k, s));
+                } catch (const sparsegrid::Error&) {
+                    chain_throws = true;
+                }
+                if (chain_throws) {
+                    EXPECT_THROW(c.grid.pyramid(k, s, 4, factors), sparsegrid::Error);
+                    continue;
+                }
+                const sparsegrid::GridPyramid pyramid = c.grid.pyramid(k, s, 4, factors);
+                ASSERT_EQ(pyramid.levels.size(), 4u);
+                ASSERT_EQ(pyramid.coarsened.size(), factors.size());
+                for (int l = 0; l < 4; ++l) expect_same_grid(pyramid.levels[l], chain[l], "level " + std::to_string(l));
+                for (std::size_t f = 0; f < factors.size(); ++f)
+                    expect_same_grid(pyramid.coarsened[f], c.grid.coarsened_grid(factors[f]),
+                                     "coarsened by " + str(factors[f]));
+            }
+            // No levels, no factors, and the K = S = 1 levels (this grid).
+            EXPECT_TRUE(c.grid.pyramid({3, 3, 3}, {2, 2, 2}, 0).levels.empty());
+            const sparsegrid::GridPyramid same = c.grid.pyramid({1, 1, 1}, {1, 1, 1}, 2);
+            for (const GridBatch& level : same.levels) expect_same_grid(level, c.grid, "K = S = 1");
+        }
+}
+
+TEST_P(TopologyTest, PyramidArgumentsAreChecked) {
+    const RandomCase c = make_case(0, false, ctx());
+    EXPECT_TRUE(throws_error([&] { c.grid.pyramid({3, 3, 3}, {2, 2, 2}, -1); }, "pyramid", {"levels", ">= 0"}));
+    EXPECT_TRUE(throws_error(
+        [&] {
+            c.grid.pyramid({3, 3, 3}, {2, 2, 2}, 2, std::vector<Vec3i>{Vec3i{2, 0, 2}});
+        },
+        "pyramid", {"coarsening factor"}));
+    EXPECT_TRUE(throws_error([&] { c.grid.pyramid({3, 0, 3}, {2, 2, 2}, 2); }, "pyramid", {"kernel_size"}));
+}
+
 TEST_P(TopologyTest, ConvTransposeGridMatchesOracle) {
     BranchCount count;
     for (bool far : {false, true})
@@ -498,7 +555,9 @@ TEST_P(TopologyTest, BatchWithoutVoxels) {
                                          grid.refined_grid(2, none),
                                          grid.dilated_grid(2),
                                          grid.pruned_grid(none),
-                                         grid.merged_grid(grid)};
+                                         grid.merged_grid(grid),
+                                         grid.pyramid({3, 3, 3}, {2, 2, 2}, 2, {{4, 4, 4}}).levels[1],
+                                         grid.pyramid({3, 3, 3}, {2, 2, 2}, 1, {{4, 4, 4}}).coarsened[0]};
     for (std::size_t r = 0; r < results.size(); ++r) {
         SCOPED_TRACE("result " + std::to_string(r));
         EXPECT_TRUE(grid_matches(results[r], OracleBatch(3), device()));

@@ -88,6 +88,21 @@ def test_grids_on_cuda_equal_the_cpu_grids(seed, cuda_device):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pyramid_on_cuda_equals_the_calls_it_replaces_with_one_synchronisation(seed, cuda_device):
+    cuda_grid, cpu_grid = grid_pair(seed, batch_size=5)
+    before = sg.host_synchronizations()
+    levels, coarsened = cuda_grid.pyramid(3, 2, 4, [8, 4, (2, 1, 3)])
+    assert sg.host_synchronizations() - before == 1
+    assert len(levels) == 4 and len(coarsened) == 3
+    chain = cpu_grid
+    for level in levels:
+        chain = chain.conv_grid(3, 2)
+        assert_same_grid(level, chain)
+    for grid, factor in zip(coarsened, [8, 4, (2, 1, 3)]):
+        assert_same_grid(grid, cpu_grid.coarsened_grid(factor))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_bbox_on_cuda_equals_the_cpu_without_synchronising(seed, cuda_device):
     members = random_members(seed, 4, empty=(1,))
     members[3] = members[3] - 1000

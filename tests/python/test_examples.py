@@ -166,3 +166,21 @@ def test_conv_benchmark_times_each_pass(tmp_path, device):
         (layer, c, p) for c in (8, 16) for layer in ("k3s1 submanifold", "k2s2 transposed") for p in passes]
     for row in rows:
         assert row["sparsegrid_ms"] > 0 and row["gemm_ms"] > 0 and row["tflops"] > 0 and row["peak_fraction"] > 0
+
+
+@pytest.mark.skipif(not (CUDA or os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1"), reason="needs CUDA")
+def test_vae_step_synchronises_once_for_its_fixed_grids_and_once_per_prune():
+    # The encoder's levels and the decoder's targets come from one pyramid call (1 host synchronisation),
+    # the seed grid and its plans are kept from the first step, and each decoder level but the last
+    # prunes (1 each): nothing else in a step waits for the GPU.
+    device = torch.device("cuda")
+    args = vae.parse_args(["--device", "cuda", "--resolution", "32", "--batch", "4"])
+    encoder, decoder = vae.build_model(args, device)
+    optimizer = vae.make_optimizer(list(encoder.parameters()) + list(decoder.parameters()), args.lr, device)
+    target = sg.GridBatch.from_ijk(sg.synthetic_shapes(4, 32, seed=3, device=device))
+    profiler = vae.StepProfiler("cuda", enabled=False)
+    vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler)  # builds the seed grid
+    for keep_targets in (True, False):
+        before = sg.host_synchronizations()
+        vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler, keep_targets=keep_targets)
+        assert sg.host_synchronizations() - before == 1 + (vae.LEVELS - 1), f"keep_targets={keep_targets}"

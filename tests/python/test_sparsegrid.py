@@ -444,3 +444,25 @@ def test_clipped_grid_rejects_bad_boxes_naming_the_argument():
         grid.clipped_grid(lo, [hi, hi])
     with pytest.raises(RuntimeError, match="clipped_grid: ijk_min is on meta"):
         grid.clipped_grid(torch.zeros(3, dtype=torch.int64, device="meta"), hi)
+
+
+def test_pyramid_equals_the_calls_it_replaces():
+    grid = sg.GridBatch.from_ijk(random_members(17, 4), voxel_sizes=[0.5, 1.0, 2.0], origins=[1.0, -2.0, 0.25])
+    for kernel, stride in [(3, 2), (2, 2), ((3, 2, 1), (2, 2, 1)), ((1, 3, 3), (2, 2, 2))]:
+        levels, coarsened = grid.pyramid(kernel, stride, 3, [2, (3, 1, 2), 1])
+        chain = grid
+        for level in levels:
+            chain = chain.conv_grid(kernel, stride)
+            for a, b in ((level.ijk, chain.ijk), (level.joffsets, chain.joffsets),
+                         (level.voxel_sizes, chain.voxel_sizes), (level.origins, chain.origins)):
+                assert torch.equal(a, b)
+        for got, factor in zip(coarsened, [2, (3, 1, 2), 1]):
+            want = grid.coarsened_grid(factor)
+            assert torch.equal(got.ijk, want.ijk) and torch.equal(got.origins, want.origins)
+    assert grid.pyramid(3, 2, 0) == ([], [])
+    with pytest.raises(RuntimeError, match="pyramid: levels must be"):
+        grid.pyramid(3, 2, -1)
+    with pytest.raises(TypeError):
+        grid.pyramid(3, 2, 2.0)
+    with pytest.raises(ValueError, match="coarsening factor"):
+        grid.pyramid(3, 2, 1, [(2, 2)])
