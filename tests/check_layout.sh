@@ -45,7 +45,7 @@ bad=$(grep -rn -E "\"[^\"]*($ops)[^\"]*\"" src/cpu src/cuda | grep -v '^[^:]*:[0
 
 # The code style: every C++ and CUDA file as .clang-format (clang-format 14, Debian 12's) writes it.
 if command -v clang-format >/dev/null 2>&1 && [[ $(clang-format --version) == *" 14."* ]]; then
-    bad=$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run 2>&1 | grep -o '^[^:]*:' | sort -u)
+    bad=$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format --dry-run 2>&1 | grep -oE '^[^ :]+:[0-9]+:[0-9]+: (warning|error)' | cut -d: -f1 | sort -u)
     [ -z "$bad" ] || { echo "layout: not formatted with .clang-format (run clang-format -i):"; echo "$bad"; status=1; }
 else
     echo "layout: clang-format 14 not found, the code style is not checked"

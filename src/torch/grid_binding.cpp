@@ -161,8 +161,8 @@ GridBatchHolder::Ptr GridBatchHolder::coarsened_grid(std::vector<int64_t> factor
 }
 
 std::vector<GridBatchHolder::Ptr> GridBatchHolder::pyramid(std::vector<int64_t> kernel_size,
-                                                         std::vector<int64_t> stride, int64_t levels,
-                                                         std::vector<int64_t> coarsening_factors) const {
+                                                           std::vector<int64_t> stride, int64_t levels,
+                                                           std::vector<int64_t> coarsening_factors) const {
     constexpr const char* op = "pyramid";
     const Vec3i kernel = triple(kernel_size, op, "kernel_size"), step = triple(stride, op, "stride");
     if (levels < 0 || levels > INT32_MAX) fail(op, ": levels must be in [0, 2^31), got ", levels);
