@@ -120,16 +120,20 @@ if want memcheck; then
   # memcheck, racecheck (shared-memory hazards) and synccheck (barrier misuse) over the CUDA cases;
   # racecheck, far slower, over one run of every engine configuration (the kernels that share tiles
   # through shared memory), or over the test cases of SPARSEGRID_RACECHECK_FILTER when set (over every
-  # CUDA case it needed more than 150 s).
-  for tool in memcheck racecheck synccheck; do
+  # CUDA case it needed more than 150 s). SPARSEGRID_SANITIZER_TOOLS selects tools (all three by default).
+  for tool in ${SPARSEGRID_SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
     filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}"
     if [ $tool = racecheck ] && [ -z "${SPARSEGRID_RACECHECK_FILTER:-}" ]; then
-      # Racecheck over the test cases takes minutes; over one run of every engine configuration (forward,
-      # input and weight gradient, gathering and scatter) on one member it fits the time limit.
-      for dtype in float16 bfloat16; do
+      # Racecheck over the test cases takes minutes, and over one member of the reference batch (9,000
+      # voxels) more than 160 s per dtype; over one run of every engine configuration (forward, input and
+      # weight gradient, gathering and scatter, one and several channel chunks) on a small synthetic
+      # surface (one member at resolution 16) it fits the time limit.
+      for dtype in float16 bfloat16 tf32; do
+        dtype_args=(--dtype $dtype)
+        [ $dtype = tf32 ] && dtype_args=(--dtype float32 --tf32)
         step "racecheck engine $dtype" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool racecheck \
-          --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda --configs --dtype $dtype \
-          --input "$root/data/reference_batch_r64.txt" --members 1 --channels 64,128 --repeats 1 --warmup 0
+          --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda --configs "${dtype_args[@]}" \
+          --batch 1 --resolution 16 --channels 64,128 --repeats 1 --warmup 0
       done
       continue
     fi
