@@ -404,10 +404,13 @@ int config_index(int bm, int bn, int row_bytes, int stages) {
 /// 64 output channels, with 64-byte k chunks for rows of 64 bytes (float16 C = 32: 0.081 against 0.134
 /// with 128-byte chunks, half of them zeros) and 128-byte chunks from 128 (TF32 C = 64: 0.263 against
 /// 0.275); 128 x 128 tiles with 64-byte chunks above 64 (float16 C = 128: 0.355, next best 0.383; TF32
-/// 0.755). 128 x 32 tiles (4 warps) never led, even at 32 output channels.
-int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes) {
+/// 0.755). 128 x 32 tiles (4 warps) never led, even at 32 output channels. TF32 above 64 output channels
+/// over 27 taps or more, gathering: 64 x 128 tiles of 128-byte chunks (k3s1 C = 128: 0.610 against 0.662
+/// with 128 x 128 x 64 B / 4; over the 8 taps of k2s2 the latter still led, 0.360 against 0.375).
+int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter) {
     const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
     if (y_channels <= 64) return row_bytes >= 128 ? config_index(128, 64, 128, 3) : config_index(128, 64, 64, 4);
+    if (element_bytes == 4 && row_bytes >= 128 && volume >= 27 && !scatter) return config_index(64, 128, 128, 3);
     return config_index(128, 128, 64, 4);
 }
 
@@ -490,7 +493,8 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
         if (tuned.ran) return true;
         index = tuned.index;
     }
-    if (index == kEngineAutomatic) index = automatic_config(x_channels, y_channels, sizeof(T));
+    if (index == kEngineAutomatic)
+        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter);
     launch(index);
     return true;
 }
