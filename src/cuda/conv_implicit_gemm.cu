@@ -44,15 +44,20 @@ constexpr int kMaxEngineTaps = 64;
 
 /// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
 /// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
+/// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16 and bfloat16 gathering on compute
+/// capability 9.0 only) have BM = 128, 128-byte chunks and warpgroups of 64 x BN.
 struct EngineConfig {
     int bm, bn, row_bytes, wm, wn, stages;
+    bool warpgroup = false;
     std::string name() const {
+        if (warpgroup) return "g" + std::to_string(bm) + "x" + std::to_string(bn) + "/" + std::to_string(stages);
         return std::to_string(bm) + "x" + std::to_string(bn) + "x" + std::to_string(row_bytes) + "B/" +
             std::to_string(stages);
     }
     /// Dynamic shared memory: the stages, then the source table of `volume` taps (rows of bm + 4 entries:
     /// 16-byte aligned, and its stores from the map fall on 8 banks rather than one).
     size_t shared_bytes(int32_t volume) const {
+        if (warpgroup) return warpgroup_engine_shared_bytes(bn, stages, volume);
         return static_cast<size_t>(stages) * static_cast<size_t>(bm + bn) * static_cast<size_t>(row_bytes + 16) +
             static_cast<size_t>(volume) * static_cast<size_t>(bm + 4) * sizeof(int32_t);
     }
@@ -75,6 +80,9 @@ constexpr EngineConfig kEngineConfigs[] = {
 #define SPARSEGRID_CONFIG_ENTRY(BM, BN, RB, WM, WN, S) EngineConfig{BM, BN, RB, WM, WN, S},
     SPARSEGRID_CONV_ENGINE_CONFIGS(SPARSEGRID_CONFIG_ENTRY)
 #undef SPARSEGRID_CONFIG_ENTRY
+#define SPARSEGRID_WARPGROUP_ENTRY(BN, S) EngineConfig{128, BN, 128, 64, BN, S, true},
+        SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(SPARSEGRID_WARPGROUP_ENTRY)
+#undef SPARSEGRID_WARPGROUP_ENTRY
 };
 constexpr int kEngineConfigCount = static_cast<int>(sizeof(kEngineConfigs) / sizeof(kEngineConfigs[0]));
 
@@ -365,12 +373,32 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
+/// A warpgroup configuration as an EngineKernel (gathering only, 16-bit types only: engine_convolution
+/// takes no warpgroup configuration for the others).
+template <typename T, int BN, int kStages>
+void launch_warpgroup(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
+                      const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                      size_t shared_bytes, cudaStream_t stream) {
+    if constexpr (sizeof(T) == 2) {
+        if (!scatter) {
+            launch_warpgroup_engine<T, BN, kStages>(map, order, rows, volume, x, packed, out, x_channels, y_channels,
+                                                    shared_bytes, stream);
+            return;
+        }
+    }
+    throw_error("convolution engine: a warpgroup configuration was chosen for ", engine_dtype_name<T>(),
+                scatter ? " in scatter mode" : "", " (internal error)");
+}
+
 template <typename T>
 constexpr std::array<EngineKernel, kEngineConfigCount> engine_launchers() {
     return {
 #define SPARSEGRID_LAUNCHER_ENTRY(BM, BN, RB, WM, WN, S) &launch_engine<T, BM, BN, RB, WM, WN, S>,
         SPARSEGRID_CONV_ENGINE_CONFIGS(SPARSEGRID_LAUNCHER_ENTRY)
 #undef SPARSEGRID_LAUNCHER_ENTRY
+#define SPARSEGRID_WARPGROUP_LAUNCHER(BN, S) &launch_warpgroup<T, BN, S>,
+            SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(SPARSEGRID_WARPGROUP_LAUNCHER)
+#undef SPARSEGRID_WARPGROUP_LAUNCHER
     };
 }
 
@@ -394,7 +422,7 @@ int configuration_index(const std::string& name, const char* what) {
 int config_index(int bm, int bn, int row_bytes, int stages) {
     for (int i = 0; i < kEngineConfigCount; ++i) {
         const EngineConfig& c = kEngineConfigs[i];
-        if (c.bm == bm && c.bn == bn && c.row_bytes == row_bytes && c.stages == stages) return i;
+        if (!c.warpgroup && c.bm == bm && c.bn == bn && c.row_bytes == row_bytes && c.stages == stages) return i;
     }
     return 0;  // unreachable for the names below (they are in the list)
 }
@@ -477,21 +505,29 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
                                                static_cast<int32_t>(y_channels), args.scatter,
                                                kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
     };
+    // Warpgroup configurations: gathering in 16-bit types on a device that runs them; elsewhere a forced
+    // one gives way to the automatic choice (the same results: every configuration sums in one order).
+    const bool warpgroup_ok = sizeof(T) == 2 && !args.scatter && warpgroup_engine_available(ctx);
+    if (index >= 0 && kEngineConfigs[index].warpgroup && !warpgroup_ok) index = kEngineAutomatic;
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
-        static const std::vector<std::string> names = [] {
-            std::vector<std::string> all = engine_configurations();
-            all.resize(kEngineConfigCount);
-            return all;
-        }();
+        // The tuner's candidates: every configuration that can run here.
+        std::vector<int> candidates;
+        std::vector<std::string> names;
+        for (int i = 0; i < kEngineConfigCount; ++i) {
+            if (kEngineConfigs[i].warpgroup && !warpgroup_ok) continue;
+            candidates.push_back(i);
+            names.push_back(kEngineConfigs[i].name());
+        }
         const EngineShape shape{args.scatter ? "scatter" : "forward",
                                 engine_dtype_name<T>(),
                                 x_channels,
                                 y_channels,
                                 args.volume,
                                 floor_log2(args.rows)};
-        const TunedConfiguration tuned = tuned_configuration(shape, names, launch, ctx);
+        const TunedConfiguration tuned = tuned_configuration(
+            shape, names, [&](int i) { launch(candidates[static_cast<size_t>(i)]); }, ctx);
         if (tuned.ran) return true;
-        index = tuned.index;
+        if (tuned.index != kEngineAutomatic) index = candidates[static_cast<size_t>(tuned.index)];
     }
     if (index == kEngineAutomatic)
         index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter);
