@@ -125,14 +125,15 @@ if want memcheck; then
     filter="${SPARSEGRID_MEMCHECK_FILTER:-*cuda*:*Cuda*}"
     if [ $tool = racecheck ] && [ -z "${SPARSEGRID_RACECHECK_FILTER:-}" ]; then
       # Racecheck over the test cases takes minutes, and over one member of the reference batch (9,000
-      # voxels) more than 160 s per dtype; over one run of every engine configuration (forward, input and
-      # weight gradient, gathering and scatter, one and several channel chunks) on a small synthetic
-      # surface (one member at resolution 16) it fits the time limit.
+      # voxels) more than 160 s per dtype, over one surface of 436 voxels more than 60 s; here one run of
+      # every engine configuration (forward, input and weight gradient, gathering and scatter, one and
+      # several channel chunks) on that small surface, each dtype under its own time limit.
       for dtype in float16 bfloat16 tf32; do
         dtype_args=(--dtype $dtype)
         [ $dtype = tf32 ] && dtype_args=(--dtype float32 --tf32)
-        step "racecheck engine $dtype" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" compute-sanitizer --tool racecheck \
-          --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda --configs "${dtype_args[@]}" \
+        # Line-buffered, so that a run stopped by its time limit shows how far it got.
+        step "racecheck engine $dtype" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" stdbuf -oL compute-sanitizer \
+          --tool racecheck --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda --configs "${dtype_args[@]}" \
           --batch 1 --resolution 16 --channels 64,128 --repeats 1 --warmup 0
       done
       continue
