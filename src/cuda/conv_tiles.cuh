@@ -339,7 +339,8 @@ void force_engine_configuration(const std::string& name);
 #define SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(X) \
     X(128, 4)                                  \
     X(128, 3)                                  \
-    X(64, 4)
+    X(64, 4)                                   \
+    X(64, 3)
 
 /// Whether the warpgroup kernels can run on the context's device: this build has sm_90a code
 /// (SPARSEGRID_SM90A, set by the build when the CUDA architectures include 90a) and the device is of
