@@ -99,9 +99,12 @@ class _SparseConvBase(nn.Module):
         # and transposed convolutions generate their output grid unless a target is given.
         same_grid = target is None and self.stride == [1, 1, 1]
         plan = _plan(x.grid, self.kernel_size, self.stride, self.transposed, target, same_grid)
-        out = plan.execute(x.features, self.weight.to(x.features.dtype))
+        # The parameters as they are where the dtypes agree: a no-op .to() still costs a dispatch.
+        dtype = x.features.dtype
+        weight = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
+        out = plan.execute(x.features, weight)
         if self.bias is not None:
-            out = out + self.bias.to(out.dtype)
+            out = out + (self.bias if self.bias.dtype == dtype else self.bias.to(dtype))
         output_grid = target if target is not None else (x.grid if same_grid else plan.target_grid)
         return SparseFeatures(output_grid, out)
 

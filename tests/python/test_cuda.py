@@ -20,18 +20,26 @@ from sparsegrid import nn as snn
 from test_sparsegrid import CASES, check_clip, member_bounds, random_members
 
 
-@pytest.fixture(autouse=True)
-def cuda_device():
+def cuda_device_or_skip(missing=None):
+    """The current CUDA device; skips the test where there is none, no CUDA backend, or `missing` (a
+    reason, or None) says what else is absent, and fails instead where SPARSEGRID_REQUIRE_CUDA=1."""
     reason = None
     if not torch.cuda.is_available():
         reason = "torch sees no CUDA device"
     elif not sg.cuda_backend_available():
         reason = "sparsegrid was built without its CUDA backend"
+    elif missing is not None:
+        reason = missing
     if reason is not None:
         if os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1":
             pytest.fail(f"{reason}, but SPARSEGRID_REQUIRE_CUDA=1")
         pytest.skip(reason)
     return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(autouse=True)
+def cuda_device():
+    return cuda_device_or_skip()
 
 
 def assert_same_grid(cuda_grid, cpu_grid):

@@ -6,8 +6,6 @@ depends on the data: it reads the size back) raises, instead of recording a wron
 Skips without a CUDA device, or with a torch without torch.cuda.graph; SPARSEGRID_REQUIRE_CUDA=1 (the
 GPU check) turns the skip into a failure."""
 
-import os
-
 import pytest
 import torch
 from torch import nn
@@ -15,23 +13,14 @@ from torch import nn
 import sparsegrid as sg
 from sparsegrid import nn as snn
 
+from test_cuda import cuda_device_or_skip
 from test_sparsegrid import random_members
 
 
 @pytest.fixture(autouse=True)
 def cuda_device():
-    reason = None
-    if not torch.cuda.is_available():
-        reason = "torch sees no CUDA device"
-    elif not sg.cuda_backend_available():
-        reason = "sparsegrid was built without its CUDA backend"
-    elif not hasattr(torch.cuda, "graph"):
-        reason = f"torch {torch.__version__} has no torch.cuda.graph"
-    if reason is not None:
-        if os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1":
-            pytest.fail(f"{reason}, but SPARSEGRID_REQUIRE_CUDA=1")
-        pytest.skip(reason)
-    return torch.device("cuda", torch.cuda.current_device())
+    missing = None if hasattr(torch.cuda, "graph") else f"torch {torch.__version__} has no torch.cuda.graph"
+    return cuda_device_or_skip(missing)
 
 
 class Network(nn.Module):
