@@ -427,6 +427,14 @@ int config_index(int bm, int bn, int row_bytes, int stages) {
     return 0;  // unreachable for the names below (they are in the list)
 }
 
+int warpgroup_config_index(int bn, int stages) {
+    for (int i = 0; i < kEngineConfigCount; ++i) {
+        const EngineConfig& c = kEngineConfigs[i];
+        if (c.warpgroup && c.bn == bn && c.stages == stages) return i;
+    }
+    return 0;  // unreachable for the names below (they are in the list)
+}
+
 /// The automatic choice by output width and input row bytes. Measured on an H200 over the batch-16
 /// reference k3s1 and k2s2 maps, in = out = C (forward / input gradient, ms): 128 x 64 tiles lead up to
 /// 64 output channels, with 64-byte k chunks for rows of 64 bytes (float16 C = 32: 0.081 against 0.134
@@ -435,8 +443,17 @@ int config_index(int bm, int bn, int row_bytes, int stages) {
 /// 0.755). 128 x 32 tiles (4 warps) never led, even at 32 output channels. TF32 above 64 output channels
 /// over 27 taps or more, gathering: 64 x 128 tiles of 128-byte chunks (k3s1 C = 128: 0.610 against 0.662
 /// with 128 x 128 x 64 B / 4; over the 8 taps of k2s2 the latter still led, 0.360 against 0.375).
-int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter) {
+/// Where the warpgroup kernels run (`warpgroup`: float16 / bfloat16 gathering on compute capability 9.0)
+/// they lead from rows of 128 bytes and 64 output channels (float16, forward / input gradient, ms):
+/// g128x64/4 up to 64 output channels (k3s1 C = 64: 0.093 / 0.090 against 0.118 / 0.118 with
+/// 128 x 64 x 128 B / 3; the k2s2 input gradient 0.078 against 0.085) and g128x128/3 above (k3s1
+/// C = 128: 0.198 / 0.197 against 0.310 / 0.309 with 128 x 128 x 64 B / 4; the k2s2 input gradient
+/// 0.146 against 0.200). bfloat16 alike.
+int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter,
+                     bool warpgroup) {
     const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
+    if (warpgroup && row_bytes >= 128 && y_channels >= 64)
+        return y_channels <= 64 ? warpgroup_config_index(64, 4) : warpgroup_config_index(128, 3);
     if (y_channels <= 64) return row_bytes >= 128 ? config_index(128, 64, 128, 3) : config_index(128, 64, 64, 4);
     if (element_bytes == 4 && row_bytes >= 128 && volume >= 27 && !scatter) return config_index(64, 128, 128, 3);
     return config_index(128, 128, 64, 4);
@@ -530,7 +547,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
         if (tuned.index != kEngineAutomatic) index = candidates[static_cast<size_t>(tuned.index)];
     }
     if (index == kEngineAutomatic)
-        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter);
+        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter, warpgroup_ok);
     launch(index);
     return true;
 }
