@@ -332,4 +332,29 @@ inline int floor_log2(int64_t value) {
 /// listing the valid ones.
 void force_engine_configuration(const std::string& name);
 
+// ---- the warpgroup kernels (conv_warpgroup.cu) -----------------------------------------------------
+
+// X(BN, stages): the warpgroup (wgmma) configurations, 128 rows by BN output channels per block, k steps
+// of one tap and 128 bytes of a row (64 float16 / bfloat16 channels); named "g128x<BN>/<stages>".
+#define SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(X) \
+    X(128, 4)                                  \
+    X(128, 3)                                  \
+    X(64, 4)                                   \
+    X(64, 3)
+
+/// Whether the warpgroup kernels can run on the context's device: this build has sm_90a code
+/// (SPARSEGRID_SM90A, set by the build when the CUDA architectures include 90a) and the device is of
+/// compute capability 9.0.
+bool warpgroup_engine_available(const Context& ctx);
+
+/// Dynamic shared memory of a warpgroup configuration over `volume` taps (with 1024 bytes to align it).
+size_t warpgroup_engine_shared_bytes(int bn, int stages, int32_t volume);
+
+/// The gathering forward pass (or input gradient) of configuration (BN, stages) in T (__half or
+/// __nv_bfloat16), with the arguments of the engine's other launchers (conv_implicit_gemm.cu).
+template <typename T, int BN, int kStages>
+void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
+                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, size_t shared_bytes,
+                             cudaStream_t stream);
+
 }  // namespace sparsegrid::detail::cuda

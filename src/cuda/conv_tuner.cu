@@ -120,8 +120,8 @@ TunedConfiguration tuned_configuration(const EngineShape& shape, const std::vect
         if (position != names.end()) return {static_cast<int>(position - names.begin()), false};
     }
     if (!t.enabled) return {kEngineAutomatic, false};
-    // Each candidate once to warm up, then three timed runs; the fastest median wins. The last run
-    // leaves a complete result in the output (every candidate writes the same bits).
+    // Each candidate once to warm up, then three timed runs; the fastest median wins, and the output is
+    // left as the winner writes it (run once more unless it ran last).
     const cudaStream_t stream = stream_of(ctx);
     cudaEvent_t start = nullptr, stop = nullptr;
     SPARSEGRID_CUDA_CHECK(cudaEventCreate(&start));
@@ -153,6 +153,7 @@ TunedConfiguration tuned_configuration(const EngineShape& shape, const std::vect
     }
     SPARSEGRID_CUDA_CHECK(cudaEventDestroy(start));
     SPARSEGRID_CUDA_CHECK(cudaEventDestroy(stop));
+    if (best != static_cast<int>(names.size()) - 1) run(best);
     t.choices[key] = names[static_cast<size_t>(best)];
     if (!t.file.empty()) t.save_file();
     return {best, true};
