@@ -120,9 +120,11 @@ private:
 /// The tile configurations of the CUDA tensor-core convolution engine, which runs the forward pass, the
 /// input gradient and the weight gradient in float16, bfloat16 and float with TF32 (empty in a build
 /// without CUDA): the forward ones (also used for the input gradient) first, then the weight gradient's,
-/// whose names start with "w". Those whose names start with "g" use Hopper's warpgroup products (wgmma):
-/// they run float16 and bfloat16 gathers on devices of compute capability 9.0 in builds with sm_90a code
-/// (CUDA architecture 90a, as by default), and give way to the automatic choice elsewhere. Every
+/// whose names start with "w". Those whose names start with "g" (forward) or "wg" (weight gradient) use
+/// Hopper's warpgroup products (wgmma): they run float16 and bfloat16 (the forward ones only gathering)
+/// on devices of compute capability 9.0 in builds with sm_90a code (CUDA architecture 90a, as by
+/// default), and give way to the automatic choice elsewhere; there the automatic choice takes them from
+/// 64 channels. Every
 /// configuration sums each output over the same groups in the same order: results are bitwise equal
 /// whichever configuration runs, so the choice only changes speed.
 std::vector<std::string> convolution_engine_configurations();

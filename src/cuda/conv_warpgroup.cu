@@ -14,6 +14,7 @@
 #include "core/errors.h"
 #include "cuda/conv_mma.cuh"
 #include "cuda/conv_tiles.cuh"
+#include "cuda/conv_warpgroup.cuh"
 #include "cuda/cuda_common.cuh"
 
 #include <cuda_bf16.h>
@@ -26,132 +27,11 @@ namespace sparsegrid::detail::cuda {
 
 namespace {
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define SPARSEGRID_WARPGROUP_DEVICE 1
-#endif
-
 constexpr int kBlockRows = 128;  // BM: two warpgroups of 64 rows
 constexpr int kRowBytes = 128;   // one k step: 64 channels of one tap, one swizzled row
 constexpr int kBlockThreads = 256;
 constexpr int kMaxTaps = 64;
 constexpr int kTableStride = kBlockRows + 4;  // as implicit_gemm_kernel's table
-
-#ifdef SPARSEGRID_WARPGROUP_DEVICE
-
-/// The shared-memory descriptor of a K-major operand tile in the 128-byte swizzle starting at `address`
-/// (1024-byte aligned, or offset from such a start by a multiple of 32 bytes within its rows): rows of
-/// 128 bytes, groups of 8 rows 1024 bytes apart.
-__device__ __forceinline__ uint64_t tile_descriptor(uint32_t address) {
-    return static_cast<uint64_t>((address & 0x3FFFFu) >> 4) | (uint64_t{16 >> 4} << 16) | (uint64_t{1024 >> 4} << 32) |
-        (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void warpgroup_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void warpgroup_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void warpgroup_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
-}
-/// Makes this thread's completed cp.async writes to shared memory visible to the tensor cores' reads.
-__device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-/// Keeps the compiler from moving accesses of the accumulators across the asynchronous products.
-template <int N>
-__device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/// d (64 x N per warpgroup, float32) += A (64 x 16, shared, descriptor a) B (16 x N, shared, descriptor b).
-/// Lane l of warp w of the warpgroup holds d[4 j + 2 h + e] = D[16 w + l / 4 + 8 h][8 j + 2 (l % 4) + e].
-template <typename T, int N>
-struct Warpgroup;
-
-template <>
-struct Warpgroup<__half, 64> {
-    __device__ __forceinline__ static void run(float (&d)[32], uint64_t a, uint64_t b) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-            "{"
-            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-            : "l"(a), "l"(b), "r"(1));
-    }
-};
-
-template <>
-struct Warpgroup<__nv_bfloat16, 64> {
-    __device__ __forceinline__ static void run(float (&d)[32], uint64_t a, uint64_t b) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-            "{"
-            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-            "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-            : "l"(a), "l"(b), "r"(1));
-    }
-};
-
-template <>
-struct Warpgroup<__half, 128> {
-    __device__ __forceinline__ static void run(float (&d)[64], uint64_t a, uint64_t b) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-            "{"
-            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-            "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "l"(a), "l"(b), "r"(1));
-    }
-};
-
-template <>
-struct Warpgroup<__nv_bfloat16, 128> {
-    __device__ __forceinline__ static void run(float (&d)[64], uint64_t a, uint64_t b) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-            "{"
-            "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-            "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-              "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-              "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-              "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-              "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-              "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-              "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-              "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-            : "l"(a), "l"(b), "r"(1));
-    }
-};
-
-#endif  // SPARSEGRID_WARPGROUP_DEVICE
 
 template <typename T, int BN, int kStages>
 __global__ __launch_bounds__(kBlockThreads,
@@ -284,35 +164,36 @@ __global__ __launch_bounds__(kBlockThreads,
         load_next(s);
         mma::commit_copies();
     }
-    const int warpgroup = warp / 4;
-    const uint32_t a_rows = static_cast<uint32_t>(warpgroup * 64 * kRowBytes);
+    const int wg = warp / 4;  // this warp's warpgroup
+    const uint32_t a_rows = static_cast<uint32_t>(wg * 64 * kRowBytes);
     for (int step = 0; step < steps; ++step) {
         // This thread's copies of `step` have landed (kAhead - 1 later groups may still be in flight);
         // after the barrier every thread's have, and every warpgroup's products of step - 1 - kInFlight
         // are complete, so that step's stage can be refilled.
         mma::wait_copies<kAhead - 1>();
-        fence_async_shared();
+        warpgroup::fence_async_shared();
         __syncthreads();
         load_next((step + kAhead) % kStages);
         mma::commit_copies();
         const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
-        const uint64_t a = tile_descriptor(stage + a_rows);
-        const uint64_t b = tile_descriptor(stage + kATileBytes);
-        warpgroup_fence();
-        fence_accumulators(acc);
+        const uint64_t a = warpgroup::tile_descriptor(stage + a_rows, 16, 1024);
+        const uint64_t b = warpgroup::tile_descriptor(stage + kATileBytes, 16, 1024);
+        warpgroup::fence();
+        warpgroup::fence_accumulators(acc);
 #pragma unroll
         for (int kk = 0; kk < kRowBytes / 32; ++kk)  // 16 channels (32 bytes) per product
-            Warpgroup<T, BN>::run(acc, a + static_cast<uint64_t>(2 * kk), b + static_cast<uint64_t>(2 * kk));
-        warpgroup_commit();
-        fence_accumulators(acc);
-        warpgroup_wait<kInFlight>();
+            warpgroup::Product<T, BN, 0>::run(acc, a + static_cast<uint64_t>(2 * kk),
+                                              b + static_cast<uint64_t>(2 * kk));
+        warpgroup::commit();
+        warpgroup::fence_accumulators(acc);
+        warpgroup::wait<kInFlight>();
     }
-    warpgroup_wait<0>();
-    fence_accumulators(acc);
+    warpgroup::wait<0>();
+    warpgroup::fence_accumulators(acc);
     mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
 
     // Lane l of warp w of warpgroup g: rows 64 g + 16 w + l / 4 + 8 h, channels 8 j + 2 (l % 4) + e.
-    const int m_lane = warpgroup * 64 + (warp % 4) * 16 + lane / 4;
+    const int m_lane = wg * 64 + (warp % 4) * 16 + lane / 4;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int64_t r = row_of[m_lane + 8 * h];
