@@ -128,13 +128,21 @@ if want memcheck; then
       # voxels) more than 160 s per dtype, over one surface of 436 voxels more than 60 s; here one run of
       # every engine configuration (forward, input and weight gradient, gathering and scatter, one and
       # several channel chunks) on that small surface, each dtype under its own time limit.
-      for dtype in float16 bfloat16 tf32; do
+      # SPARSEGRID_RACECHECK_DTYPES narrows the dtypes; SPARSEGRID_RACECHECK_CONFIGS runs the named
+      # configurations one by one (forced, "auto" for the automatic choice) instead of all of them at once.
+      for dtype in ${SPARSEGRID_RACECHECK_DTYPES:-float16 bfloat16 tf32}; do
         dtype_args=(--dtype $dtype)
         [ $dtype = tf32 ] && dtype_args=(--dtype float32 --tf32)
-        # Line-buffered, so that a run stopped by its time limit shows how far it got.
-        step "racecheck engine $dtype" timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" stdbuf -oL compute-sanitizer \
-          --tool racecheck --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda --configs "${dtype_args[@]}" \
-          --batch 1 --resolution 16 --channels 64,128 --repeats 1 --warmup 0
+        for config in ${SPARSEGRID_RACECHECK_CONFIGS:-all}; do
+          config_args=(--configs)
+          [ "$config" != all ] && config_args=()
+          # Line-buffered, so that a run stopped by its time limit shows how far it got.
+          step "racecheck engine $dtype $config" env SPARSEGRID_CONV_CONFIG="${config/all/auto}" \
+            timeout "${SPARSEGRID_MEMCHECK_TIMEOUT:-300}" stdbuf -oL compute-sanitizer --tool racecheck \
+            --error-exitcode 1 --print-limit 20 "$build/tools/sparsegrid" conv --device cuda \
+            ${config_args[@]+"${config_args[@]}"} "${dtype_args[@]}" --batch 1 --resolution 16 --channels 64,128 \
+            --repeats 1 --warmup 0
+        done
       done
       continue
     fi
