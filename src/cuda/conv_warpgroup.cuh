@@ -62,10 +62,10 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 #define SPARSEGRID_WG_R32                                                                                       \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
     "%23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SPARSEGRID_WG_R64                                                                         \
-    SPARSEGRID_WG_R32                                                                             \
-        ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
-        "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SPARSEGRID_WG_R64                                                                     \
+    SPARSEGRID_WG_R32                                                                         \
+    ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, " \
+    "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 /// d (64 x N per warpgroup, float32) += A (64 x 16, descriptor a) B (16 x N, descriptor b), both in
 /// shared memory; kTransposed: both operands MN-major (else K-major). Lane l of warp w of the warpgroup
