@@ -480,8 +480,9 @@ def host_synchronizations():
 
 def convolution_engine_configurations():
     """Names of the tile configurations of the CUDA tensor-core convolution engine (forward and input
-    gradient ones, then weight-gradient ones starting with "w"); empty without CUDA. Every configuration
-    gives bitwise the same result."""
+    gradient ones, then weight-gradient ones starting with "w"); empty without CUDA. Those starting with
+    "g" or "wg" use Hopper's warpgroup products (float16 and bfloat16 on compute capability 9.0; elsewhere
+    a forced one gives way to the automatic choice). Every configuration gives bitwise the same result."""
     return list(torch.ops.sparsegrid.convolution_engine_configurations())
 
 
