@@ -32,7 +32,8 @@ Each column is the median of its own samples, so the columns need not add up exa
 compares growth with the first batch size: (topology / first topology) / (voxels / first voxels),
 counting input and decoder voxels; at most about 1 means topology cost grows no faster than voxels.
 
-Usage: PYTHONPATH=python python3 bench/train_step.py [--device cuda] [--batch 16 32 48] [--json PATH]
+Usage: PYTHONPATH=python python3 bench/train_step.py [--device cuda] [--batch 16 32 48] [--autocast bfloat16]
+       [--tf32] [--channels 32 64 128 256] [--json PATH]
 """
 
 import argparse
@@ -73,12 +74,22 @@ def parse_args(argv=None):
     parser.add_argument("--kl-weight", type=float, default=1e-3)
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
+                        help="the forward pass and loss inside torch.autocast on CUDA in this dtype (the "
+                             "convolutions run in it; parameters, gradients and Adam stay float32; float16 "
+                             "without a gradient scaler, for timing)")
+    parser.add_argument("--tf32", action="store_true",
+                        help="allow TF32 for float32 matrix products (torch.backends.cuda.matmul.allow_tf32, "
+                             "which the sparse convolutions follow)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON")
     args = parser.parse_args(argv)
     vae.check_resolution(args.resolution)
     if args.iterations < 1 or args.warmup < 0 or args.profile_iterations < 0:
         raise SystemExit("--iterations must be >= 1, --warmup and --profile-iterations >= 0")
     args.device = vae.resolve_device(args.device)
+    if args.autocast and args.device != "cuda":
+        raise SystemExit(f"--autocast {args.autocast}: 16-bit convolutions run on CUDA only (--device is "
+                         f"{args.device})")
     if args.input is None and args.resolution == 64:
         args.input = str(REFERENCE)
     return args
@@ -93,6 +104,13 @@ def shape_pool(args):
             raise SystemExit(f"--batch {largest}: {args.input} has only {len(members)} members")
         return members, f"{args.input}, first B members"
     return sg.synthetic_shapes(largest, args.resolution, args.seed), f"procedural shapes, seed {args.seed}"
+
+
+def precision(args):
+    """The step's arithmetic, as the header and the JSON give it."""
+    if args.autocast:
+        return f"{args.autocast} autocast"
+    return "float32 with TF32" if args.tf32 else "float32"
 
 
 def median(values):
@@ -146,7 +164,8 @@ def run_batch(args, device, members):
 
     def step():
         target = sg.GridBatch.from_ijk(shapes)
-        return vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler)
+        return vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler,
+                            autocast=getattr(torch, args.autocast) if args.autocast else None)
 
     try:
         for _ in range(args.warmup):
@@ -226,14 +245,15 @@ def table(rows, on_cuda):
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     members, source = shape_pool(args)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
         name = f"CPU, {torch.get_num_threads()} torch threads"
     print(f"VAE training step on {device.type} ({name}), torch {torch.__version__}: resolution {args.resolution}, "
-          f"{source}; channels {args.channels}, latent {args.latent}; warm-up {args.warmup}, medians of "
-          f"{args.iterations} plain and {args.iterations} timed steps", flush=True)
+          f"{source}; channels {args.channels}, latent {args.latent}; {precision(args)}; warm-up {args.warmup}, "
+          f"medians of {args.iterations} plain and {args.iterations} timed steps", flush=True)
     rows = []
     for batch in args.batch:
         rows.append(run_batch(args, device, members[:batch]))
@@ -245,6 +265,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"device": device.type, "device_name": name, "torch": torch.__version__,
                        "resolution": args.resolution, "input": source, "channels": args.channels,
+                       "precision": precision(args),
                        "latent": args.latent, "warmup": args.warmup, "iterations": args.iterations,
                        "profile_iterations": args.profile_iterations, "rows": rows}, f, indent=2)
         print(f"wrote {args.json}")

@@ -535,21 +535,24 @@ def cosine_schedule(optimizer, iterations):
         optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, iterations) / max(iterations, 1))))
 
 
-def vae_step(encoder, decoder, optimizer, target, kl_weight, profiler, keep_targets=True):
+def vae_step(encoder, decoder, optimizer, target, kl_weight, profiler, keep_targets=True, autocast=None):
     """One training step on the grid batch target: returns the loss (a detached device scalar) and the
     number of voxels the decoder generated over its levels (host metadata). keep_targets: as in
-    Decoder.forward."""
-    x = snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=next(decoder.parameters()).device))
+    Decoder.forward. autocast: None, or a dtype (torch.bfloat16) for a forward pass and loss inside
+    torch.autocast on CUDA (the parameters, their gradients and the optimizer stay float32)."""
+    device = next(decoder.parameters()).device
+    x = snn.SparseFeatures(target, torch.ones(target.num_voxels, 1, device=device))
     # Every grid of the step that does not depend on the predictions, in one pass: the encoder's levels
     # and the decoder's targets (on CUDA one host synchronisation; the decoder's prunes take one each).
     with profiler.span("pyramid"):
         pyramid, levels = target_pyramid(target, LEVELS)
-    mean, log_var = encoder(x, levels)
-    z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
-    _, _, outputs = decoder(z, pyramid, keep_targets=keep_targets)
-    reconstruction = occupancy_loss(outputs)
-    kl = -0.5 * torch.mean(torch.sum(1 + log_var - mean.square() - log_var.exp(), dim=(1, 2, 3, 4)))
-    loss = reconstruction + kl_weight * kl
+    with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        mean, log_var = encoder(x, levels)
+        z = mean + torch.randn_like(mean) * torch.exp(0.5 * log_var)
+        _, _, outputs = decoder(z, pyramid, keep_targets=keep_targets)
+        reconstruction = occupancy_loss(outputs)
+        kl = -0.5 * torch.mean(torch.sum(1 + log_var - mean.square() - log_var.exp(), dim=(1, 2, 3, 4)))
+        loss = reconstruction + kl_weight * kl
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()

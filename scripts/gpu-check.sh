@@ -6,8 +6,9 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train vae completion baseline
-#   (default: all but huge, engine, passes, profile, wheel, completion and baseline, in that order; huge runs the grids past 2^31 map entries; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
+#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train wide vae completion baseline
+#   (default: all but huge, engine, passes, profile, wheel, wide, completion and baseline, in that order; wide times the training step at
+#   published shape-VAE widths in float32, TF32 and bfloat16 autocast; huge runs the grids past 2^31 map entries; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
 #   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
 #   with another tree, see below). The
 #   build (configure when build/gpu is new, then ninja) runs before any phase and does nothing when up
@@ -276,6 +277,21 @@ fi
 if want train && [ $have_layer = 1 ]; then
   step "train step" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' --device cuda \
     --json '$out/train_step.json' | tee '$out/train_step.md'"
+fi
+if want wide && [ $have_layer = 1 ]; then
+  # The training step at the widths of published shape VAEs: channels 32/64/128/256 at resolution 64,
+  # batch 16, and 64/128/256/512 at resolution 128, batch 8; in float32, TF32 and bfloat16 autocast.
+  for width in "64 16 32 64 128 256" "128 8 64 128 256 512"; do
+    read -r resolution batch channels <<<"$width"
+    for precision in float32 tf32 bfloat16; do
+      flags=""
+      [ $precision = tf32 ] && flags="--tf32"
+      [ $precision = bfloat16 ] && flags="--autocast bfloat16"
+      step "wide r$resolution b$batch $precision" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' \
+        --device cuda --resolution $resolution --batch $batch --channels $channels $flags \
+        --json '$out/wide_r${resolution}_$precision.json' | tee '$out/wide_r${resolution}_$precision.md'"
+    done
+  done
 fi
 if want vae && [ $have_layer = 1 ]; then
   step "vae b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/vae.py' --device cuda --batch 16 --resolution 64 \

@@ -6,6 +6,11 @@ for each (kernel size, stride, direction), so layers that share a grid within a 
 
 Devices as in torch.nn: grids and features on one device, module parameters moved there with
 module.to(device); plans are built on the grid's device.
+
+Autocast as torch's own convolutions: inside torch.autocast("cuda", dtype=D) the convolution layers run
+in D (float16 or bfloat16) on CUDA features of float32, float16 or bfloat16, and return features of D;
+the parameters stay float32 and receive float32 gradients. float64 features, and CPU autocast (16-bit
+convolutions run on CUDA only), leave the features' dtype as it is.
 """
 
 import math
@@ -70,6 +75,16 @@ def _plan(grid, kernel_size, stride, transposed, target=None, same_grid=False):
     return cache[key]
 
 
+_AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _cuda_autocast_dtype():
+    """The dtype of an enclosing torch.autocast("cuda"), or None outside one."""
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
+        return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+    return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
 class _SparseConvBase(nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size, stride, bias, transposed):
         super().__init__()
@@ -100,9 +115,14 @@ class _SparseConvBase(nn.Module):
         same_grid = target is None and self.stride == [1, 1, 1]
         plan = _plan(x.grid, self.kernel_size, self.stride, self.transposed, target, same_grid)
         # The parameters as they are where the dtypes agree: a no-op .to() still costs a dispatch.
-        dtype = x.features.dtype
+        features = x.features
+        dtype = features.dtype
+        if features.is_cuda and dtype in _AUTOCAST_INPUTS:
+            dtype = _cuda_autocast_dtype() or dtype
+            if features.dtype != dtype:
+                features = features.to(dtype)
         weight = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
-        out = plan.execute(x.features, weight)
+        out = plan.execute(features, weight)
         if self.bias is not None:
             out = out + (self.bias if self.bias.dtype == dtype else self.bias.to(dtype))
         output_grid = target if target is not None else (x.grid if same_grid else plan.target_grid)

@@ -472,3 +472,34 @@ def test_tensors_on_the_wrong_device_raise_clear_errors(cuda_device):
         sg.ConvolutionPlan.from_grid(cpu_grid, 3, 1).execute(x.cpu().half(), w.cpu().half())
     with pytest.raises(RuntimeError, match="dtype of input"):
         plan.execute(x.half(), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_convolution_layers_follow_cuda_autocast(dtype, cuda_device):
+    # Inside torch.autocast("cuda") a layer runs in the autocast dtype: bitwise the layer on features and
+    # parameters cast by hand, with float32 parameter gradients equal to the hand-cast ones' widened.
+    torch.manual_seed(0)
+    grid = sg.GridBatch.from_ijk(sg.synthetic_shapes(2, 24, seed=5), device=cuda_device)
+    layers = [snn.SparseConv3d(16, 32, 3), snn.SparseConvTranspose3d(16, 8, 2, stride=2)]
+    features = torch.randn(grid.num_voxels, 16, device=cuda_device)
+    for layer in layers:
+        layer.to(cuda_device)
+        with torch.autocast("cuda", dtype=dtype):
+            out = layer(snn.SparseFeatures(grid, features))
+        assert out.features.dtype == dtype
+        grad = torch.randn_like(out.features)
+        out.features.backward(grad)
+        assert layer.weight.grad.dtype == torch.float32 and layer.bias.grad.dtype == torch.float32
+        by_autocast = (out.features, layer.weight.grad.clone(), layer.bias.grad.clone())
+        layer.zero_grad(set_to_none=True)
+
+        cast = copy.deepcopy(layer).to(dtype)
+        by_hand = cast(snn.SparseFeatures(grid, features.to(dtype)))
+        by_hand.features.backward(grad)
+        assert torch.equal(by_autocast[0], by_hand.features)
+        assert torch.equal(by_autocast[1], cast.weight.grad.float())
+        assert torch.equal(by_autocast[2], cast.bias.grad.float())
+    # float64 features keep their dtype, as torch's autocast leaves float64 alone.
+    layer = snn.SparseConv3d(16, 8, 3).to(cuda_device, torch.float64)
+    with torch.autocast("cuda", dtype=dtype):
+        assert layer(snn.SparseFeatures(grid, features.double())).features.dtype == torch.float64

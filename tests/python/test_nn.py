@@ -121,3 +121,17 @@ def test_wrong_channel_count_raises():
         snn.SparseConv3d(5, 2, 3)(x)
     with pytest.raises(ValueError, match="features must have shape"):
         snn.SparseFeatures(x.grid, torch.zeros(x.grid.num_voxels + 1, 2))
+
+
+def test_cpu_autocast_leaves_convolutions_in_the_features_dtype():
+    # 16-bit convolutions run on CUDA only: inside torch.autocast("cpu") a layer on float32 features
+    # stays float32, bitwise as outside.
+    torch.manual_seed(0)
+    x = make_input()
+    x = snn.SparseFeatures(x.grid, x.features.float())
+    layer = snn.SparseConv3d(4, 8, 3)
+    outside = layer(x).features
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = layer(x).features
+    assert inside.dtype == torch.float32
+    assert torch.equal(inside, outside)
