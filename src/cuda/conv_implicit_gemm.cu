@@ -136,7 +136,6 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     static_assert(kRowBytes % 32 == 0 && NI % 2 == 0 && WM % 16 == 0, "whole mma tiles");
     static_assert((BM * kVectors) % kThreadCount == 0 && (BN * kVectors) % kThreadCount == 0, "even copies");
 
-    constexpr int kWarps = kThreadCount / 32;
     constexpr int kTableStride = BM + 4;
     // Each thread copies kRowsA consecutive rows of the A tile (and kRowsB of the B tile) at one 16-byte
     // column v: the rows' sources arrive in one shared-memory load, and the column is the thread's own.
@@ -145,7 +144,6 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     constexpr int kRowsB = BN / kGroups;
     static_assert(kThreadCount % kVectors == 0 && BM % kGroups == 0 && BN % kGroups == 0, "whole row groups");
     static_assert(kRowsA == 2 || kRowsA == 4 || kRowsA == 8, "sources load as one int2 or int4 vector, or two");
-    static_assert(BM % (4 * kWarps) == 0, "the table is built four rows per warp at a time");
 
     extern __shared__ __align__(128) unsigned char shared[];
     int32_t* table = reinterpret_cast<int32_t*>(shared + kStages * kStageBytes);  // [tap][kTableStride]: sources
@@ -161,43 +159,11 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     const int64_t row0 = int64_t{blockIdx.x} * BM;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
 
-    // The block's rows, their sources at every tap, and the taps any of them has. Each warp reads whole
-    // map rows (lane = tap), four rows' loads in flight at once.
-    if (tid == 0) tap_mask = 0;
-    for (int i = tid; i < BM; i += kThreadCount) {
-        const int64_t p = row0 + i;
-        row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
-    }
-    __syncthreads();
-    unsigned long long mine = 0;
-    for (int m0 = warp; m0 < BM; m0 += 4 * kWarps) {
-        int32_t s[4][2];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int64_t r = row_of[m0 + u * kWarps];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int t = lane + 32 * h;
-                s[u][h] = -1;
-                if (r >= 0 && t < volume) s[u][h] = map ? map[r * volume + t] : static_cast<int32_t>(r);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int t = lane + 32 * h;
-                if (t < volume) table[t * kTableStride + m0 + u * kWarps] = s[u][h];
-                mine |= static_cast<unsigned long long>(__ballot_sync(0xffffffffu, s[u][h] >= 0)) << (32 * h);
-            }
-    }
-    if (lane == 0 && mine != 0) atomicOr(&tap_mask, mine);
-    __syncthreads();
-    const unsigned long long taps = tap_mask;
-    if (tid < volume && ((taps >> tid) & 1ull)) active[__popcll(taps & ((1ull << tid) - 1ull))] = tid;
-    __syncthreads();
+    // The block's rows, their sources at every tap, and the taps any of them has.
     const int chunks = (x_channels + kChunk - 1) / kChunk;
-    const int steps = __popcll(taps) * chunks;
+    const int steps = block_tap_table<BM, kThreadCount, kTableStride>(map, order, rows, volume, row0, row_of, table,
+                                                                      active, tap_mask) *
+        chunks;
 
     // This thread's copies: rows group * kRowsA + c of A and group * kRowsB + c of B, bytes 16 v.
     const int group = tid / kVectors;

@@ -332,6 +332,58 @@ inline int floor_log2(int64_t value) {
 /// listing the valid ones.
 void force_engine_configuration(const std::string& name);
 
+#ifdef __CUDACC__
+/// The prologue of the engine's gathering kernels (implicit_gemm_kernel, warpgroup_gemm_kernel): the
+/// block's kRows rows from row0 (through `order` where given, -1 past `rows`) into row_of, their sources
+/// at every tap into table[t * kTableStride + row] (-1 where absent), and the taps any of them has, in
+/// order, into active. Each warp reads whole map rows (lane = tap), four rows' loads in flight at once.
+/// Returns the count of active taps, every write visible to the block.
+template <int kRows, int kThreads, int kTableStride>
+__device__ __forceinline__ int block_tap_table(const int32_t* __restrict__ map, const int32_t* __restrict__ order,
+                                               int64_t rows, int32_t volume, int64_t row0, int64_t* row_of,
+                                               int32_t* table, int32_t* active, unsigned long long& tap_mask) {
+    constexpr int kWarps = kThreads / 32;
+    static_assert(kRows % (4 * kWarps) == 0, "the table is built four rows per warp at a time");
+    const int tid = static_cast<int>(threadIdx.x);
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    if (tid == 0) tap_mask = 0;
+    for (int i = tid; i < kRows; i += kThreads) {
+        const int64_t p = row0 + i;
+        row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
+    }
+    __syncthreads();
+    unsigned long long mine = 0;
+    for (int m0 = warp; m0 < kRows; m0 += 4 * kWarps) {
+        int32_t s[4][2];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int64_t r = row_of[m0 + u * kWarps];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int t = lane + 32 * h;
+                s[u][h] = -1;
+                if (r >= 0 && t < volume) s[u][h] = map ? map[r * volume + t] : static_cast<int32_t>(r);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int t = lane + 32 * h;
+                if (t < volume) table[t * kTableStride + m0 + u * kWarps] = s[u][h];
+                mine |= static_cast<unsigned long long>(__ballot_sync(0xffffffffu, s[u][h] >= 0)) << (32 * h);
+            }
+    }
+    if (lane == 0 && mine != 0) atomicOr(&tap_mask, mine);
+    __syncthreads();
+    const unsigned long long taps = tap_mask;
+    if (tid < volume && ((taps >> tid) & 1ull)) active[__popcll(taps & ((1ull << tid) - 1ull))] = tid;
+    __syncthreads();
+    return __popcll(taps);
+}
+#endif
+
 // ---- the warpgroup kernels (conv_warpgroup.cu) -----------------------------------------------------
 
 // X(BN, stages): the warpgroup (wgmma) configurations, 128 rows by BN output channels per block, k steps

@@ -51,7 +51,6 @@ __global__ __launch_bounds__(kBlockThreads,
     constexpr int kGroups = kBlockThreads / kVectors;
     constexpr int kRowsA = kBlockRows / kGroups;  // 4
     constexpr int kRowsB = BN / kGroups;          // 4 or 2
-    constexpr int kWarps = kBlockThreads / 32;
     constexpr int kAccumulators = BN / 2;
     // One group of products in flight while the next step's copies are issued needs a stage more.
     constexpr int kInFlight = kStages >= 4 ? 1 : 0;
@@ -73,42 +72,11 @@ __global__ __launch_bounds__(kBlockThreads,
     const int64_t row0 = int64_t{blockIdx.x} * kBlockRows;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
 
-    // The block's rows, their sources at every tap, and the taps any of them has (as implicit_gemm_kernel).
-    if (tid == 0) tap_mask = 0;
-    for (int i = tid; i < kBlockRows; i += kBlockThreads) {
-        const int64_t p = row0 + i;
-        row_of[i] = p < rows ? (order ? int64_t{order[p]} : p) : -1;
-    }
-    __syncthreads();
-    unsigned long long mine = 0;
-    for (int m0 = warp; m0 < kBlockRows; m0 += 4 * kWarps) {
-        int32_t s[4][2];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int64_t r = row_of[m0 + u * kWarps];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int t = lane + 32 * h;
-                s[u][h] = -1;
-                if (r >= 0 && t < volume) s[u][h] = map ? map[r * volume + t] : static_cast<int32_t>(r);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int t = lane + 32 * h;
-                if (t < volume) table[t * kTableStride + m0 + u * kWarps] = s[u][h];
-                mine |= static_cast<unsigned long long>(__ballot_sync(0xffffffffu, s[u][h] >= 0)) << (32 * h);
-            }
-    }
-    if (lane == 0 && mine != 0) atomicOr(&tap_mask, mine);
-    __syncthreads();
-    const unsigned long long taps = tap_mask;
-    if (tid < volume && ((taps >> tid) & 1ull)) active[__popcll(taps & ((1ull << tid) - 1ull))] = tid;
-    __syncthreads();
+    // The block's rows, their sources at every tap, and the taps any of them has.
     const int chunks = (x_channels + kChunk - 1) / kChunk;
-    const int steps = __popcll(taps) * chunks;
+    const int steps = block_tap_table<kBlockRows, kBlockThreads, kTableStride>(map, order, rows, volume, row0, row_of,
+                                                                               table, active, tap_mask) *
+        chunks;
 
     // This thread's copies: 16-byte vector v of rows group * kRowsA + c of A and group * kRowsB + c of B,
     // each at its swizzled place.
