@@ -365,73 +365,96 @@ __global__ __launch_bounds__(BM / 64 * 128, BM == 128 ? 2 : 3) void weight_warpg
 #pragma unroll
     for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
 
-    for (int64_t list0 = begin; list0 < end; list0 += kListRows) {
-        int32_t entries[kListRows / kThreadCount];
-        load_list<kThreadCount>(map, tap_major, rows, volume, t, list0,
-                                list0 + kListRows < end ? list0 + kListRows : end, entries);
-        const int edges = place_list<kThreadCount>(entries, scan_storage, list_gathered, list_offset);
-        const int steps = (edges + kWarpgroupEdgeStep - 1) / kWarpgroupEdgeStep;
-        const int groups = 2 * ((edges + 31) / 32);  // weight_engine_kernel's products of 16 edges
-
-        // Edge k of a stage, channels c0 + 8 v ... of row rows[edge] of `source`: 16-byte vector v % 8 of
-        // row k of piece v / 8, at its swizzled place; zeros past the edges and the channels.
-        auto copy_operand = [&](auto vectors, uint32_t at, const T* source, const auto* list, int c0, int channels,
-                                int step) {
-            constexpr int kVectors = decltype(vectors)::value;
-#pragma unroll
-            for (int c = 0; c < kWarpgroupEdgeStep * kVectors / kThreadCount; ++c) {
-                const int idx = tid + c * kThreadCount;
-                const int k = idx / kVectors;
-                const int v = idx % kVectors;
-                const int edge = step * kWarpgroupEdgeStep + k;
-                const int channel = c0 + v * 8;
-                const bool valid = edge < edges && channel < channels;
-                const T* from = valid ? source + int64_t{list[edge]} * channels + channel : source;
-                mma::copy16(at + static_cast<uint32_t>((v / 8) * kPiece + k * 128 + (((v % 8) ^ (k % 8)) * 16)), from,
-                            valid);
-            }
-        };
-        auto load_step = [&](int step, int stage) {
-            if (step >= steps) return;
-            const uint32_t at = base + static_cast<uint32_t>(stage * kStageBytes);
-            copy_operand(std::integral_constant<int, kVectorsA>{}, at, gathered, list_gathered, m0, a_channels, step);
-            copy_operand(std::integral_constant<int, kVectorsB>{}, at + kABytes, per_row + list0 * b_channels,
-                         list_offset, n0, b_channels, step);
-        };
-
-#pragma unroll
-        for (int s = 0; s < kStages - 1; ++s) {
-            load_step(s, s);
-            mma::commit_copies();
+    // One pipeline over the steps of all the slot's lists: the loads run kStages - 1 steps ahead of the
+    // products and cross into the next list as soon as the last step of this one is issued (its list
+    // arrays are then no longer read), so a list's compaction and first copies overlap the previous
+    // list's last products instead of waiting for them. products_of[stage]: the products of the step
+    // loaded into `stage`, one per 16-edge group of its list (written before the barrier its products
+    // follow).
+    __shared__ int products_of[kStages];
+    int64_t list0 = begin, next_list0 = begin;  // the list being loaded (its edges, groups, steps, next step)
+    int edges = 0, groups = 0, steps = 0, next_step = 0;
+    auto next_list = [&]() {  // compacts the next list with edges into the list arrays; false past the end
+        while (next_list0 < end) {
+            list0 = next_list0;
+            next_list0 = list0 + kListRows < end ? list0 + kListRows : end;
+            int32_t entries[kListRows / kThreadCount];
+            load_list<kThreadCount>(map, tap_major, rows, volume, t, list0, next_list0, entries);
+            __syncthreads();  // every thread's copies of the previous list have read its arrays
+            edges = place_list<kThreadCount>(entries, scan_storage, list_gathered, list_offset);
+            steps = (edges + kWarpgroupEdgeStep - 1) / kWarpgroupEdgeStep;
+            groups = 2 * ((edges + 31) / 32);  // weight_engine_kernel's products of 16 edges
+            next_step = 0;
+            if (steps > 0) return true;
         }
-        for (int step = 0; step < steps; ++step) {
-            // Every warpgroup's products of step - 1 are complete (waited for below) once past the
-            // barrier, so that step's stage can be refilled.
-            mma::wait_copies<kStages - 2>();
-            warpgroup::fence_async_shared();
-            __syncthreads();
-            load_step(step + kStages - 1, (step + kStages - 1) % kStages);
-            mma::commit_copies();
-            const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
-            // A: this warpgroup's 64 gathered channels; B: BN row channels, pieces kPiece apart. Groups of
-            // 8 edges 1024 bytes apart; 16 edges (2048 bytes) per product.
-            const uint64_t a = warpgroup::tile_descriptor(stage + static_cast<uint32_t>(wg * kPiece), kPiece, 1024);
-            const uint64_t b = warpgroup::tile_descriptor(stage + kABytes, kPiece, 1024);
-            const int products = groups - kProducts * step < kProducts ? groups - kProducts * step : kProducts;
-            warpgroup::fence();
-            warpgroup::fence_accumulators(acc);
+        return false;
+    };
+
+    // Edge k of a stage, channels c0 + 8 v ... of row rows[edge] of `source`: 16-byte vector v % 8 of row
+    // k of piece v / 8, at its swizzled place; zeros past the edges and the channels.
+    auto copy_operand = [&](auto vectors, uint32_t at, const T* source, const auto* list, int c0, int channels,
+                            int step) {
+        constexpr int kVectors = decltype(vectors)::value;
 #pragma unroll
-            for (int kk = 0; kk < kProducts; ++kk)
-                if (kk < products)
-                    warpgroup::Product<T, BN, 1>::run(acc, a + static_cast<uint64_t>(128 * kk),
-                                                      b + static_cast<uint64_t>(128 * kk));
-            warpgroup::commit();
-            warpgroup::fence_accumulators(acc);
-            warpgroup::wait<0>();
+        for (int c = 0; c < kWarpgroupEdgeStep * kVectors / kThreadCount; ++c) {
+            const int idx = tid + c * kThreadCount;
+            const int k = idx / kVectors;
+            const int v = idx % kVectors;
+            const int edge = step * kWarpgroupEdgeStep + k;
+            const int channel = c0 + v * 8;
+            const bool valid = edge < edges && channel < channels;
+            const T* from = valid ? source + int64_t{list[edge]} * channels + channel : source;
+            mma::copy16(at + static_cast<uint32_t>((v / 8) * kPiece + k * 128 + (((v % 8) ^ (k % 8)) * 16)), from,
+                        valid);
         }
-        mma::wait_copies<0>();
-        __syncthreads();  // stages and lists are rewritten by the next list
+    };
+    bool loading = next_list();
+    int issued = 0;
+    auto load_next = [&](int stage) {  // the next step's copies into `stage`, if any is left
+        if (loading && next_step == steps) loading = next_list();
+        if (!loading) return;
+        const uint32_t at = base + static_cast<uint32_t>(stage * kStageBytes);
+        copy_operand(std::integral_constant<int, kVectorsA>{}, at, gathered, list_gathered, m0, a_channels, next_step);
+        copy_operand(std::integral_constant<int, kVectorsB>{}, at + kABytes, per_row + list0 * b_channels, list_offset,
+                     n0, b_channels, next_step);
+        if (tid == 0)
+            products_of[stage] = groups - kProducts * next_step < kProducts ? groups - kProducts * next_step
+                                                                            : kProducts;
+        ++next_step;
+        ++issued;
+    };
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        load_next(s);
+        mma::commit_copies();
     }
+    for (int step = 0; step < issued; ++step) {
+        // Every warpgroup's products of step - 1 are complete (waited for below) once past the barrier,
+        // so that step's stage can be refilled.
+        mma::wait_copies<kStages - 2>();
+        warpgroup::fence_async_shared();
+        __syncthreads();
+        const int products = products_of[step % kStages];
+        load_next((step + kStages - 1) % kStages);
+        mma::commit_copies();
+        const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
+        // A: this warpgroup's 64 gathered channels; B: BN row channels, pieces kPiece apart. Groups of 8
+        // edges 1024 bytes apart; 16 edges (2048 bytes) per product.
+        const uint64_t a = warpgroup::tile_descriptor(stage + static_cast<uint32_t>(wg * kPiece), kPiece, 1024);
+        const uint64_t b = warpgroup::tile_descriptor(stage + kABytes, kPiece, 1024);
+        warpgroup::fence();
+        warpgroup::fence_accumulators(acc);
+#pragma unroll
+        for (int kk = 0; kk < kProducts; ++kk)
+            if (kk < products)
+                warpgroup::Product<T, BN, 1>::run(acc, a + static_cast<uint64_t>(128 * kk),
+                                                  b + static_cast<uint64_t>(128 * kk));
+        warpgroup::commit();
+        warpgroup::fence_accumulators(acc);
+        warpgroup::wait<0>();
+    }
+    mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
 
     // Lane l of warp w of warpgroup g: a = m0 + 64 g + 16 (w % 4) + l / 4 + 8 h, b = n0 + 8 j + 2 (l % 4) + e.
     float* out = partial + (slot * volume + t) * int64_t{a_channels} * b_channels;
