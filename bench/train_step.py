@@ -11,7 +11,9 @@ Method, per batch size:
   1. --warmup steps, untimed: allocator growth, lazy initialisation, and the first steps of training,
      in which the decoder's voxel count falls fast as it stops predicting everything.
   2. 2 x --iterations steps, alternating plain and timed, each between two device synchronisations
-     (wall clock, perf_counter). Plain steps give "step ms": the step with nothing added. Timed steps run
+     (wall clock, perf_counter). Plain steps give "step ms": the step with nothing added, and "host ms":
+     the time until the step's Python call returned, before the closing synchronisation (the host's
+     share; close to step ms when the host, not the GPU, sets the pace). Timed steps run
      with vae.StepProfiler's spans (CUDA event pairs on the stream, read after the step; perf_counter on
      the CPU) around every topology call and every convolution, forward and backward:
        topology ms  grids (input batch, decoder seed), plans (kernel maps and generated grids), pruning,
@@ -33,7 +35,7 @@ compares growth with the first batch size: (topology / first topology) / (voxels
 counting input and decoder voxels; at most about 1 means topology cost grows no faster than voxels.
 
 Usage: PYTHONPATH=python python3 bench/train_step.py [--device cuda] [--batch 16 32 48] [--autocast bfloat16]
-       [--tf32] [--channels 32 64 128 256] [--json PATH]
+       [--tf32] [--channels 32 64 128 256] [--host-profile DIR] [--json PATH]
 """
 
 import argparse
@@ -82,6 +84,9 @@ def parse_args(argv=None):
                         help="allow TF32 for float32 matrix products (torch.backends.cuda.matmul.allow_tf32, "
                              "which the sparse convolutions follow)")
     parser.add_argument("--json", default=None, help="also write the rows as JSON")
+    parser.add_argument("--host-profile", default=None, metavar="DIR",
+                        help="also run --profile-iterations steps under torch.profiler (host side) and cProfile, "
+                             "writing the operators by self CPU time and the Python functions by own time to DIR")
     args = parser.parse_args(argv)
     vae.check_resolution(args.resolution)
     if args.iterations < 1 or args.warmup < 0 or args.profile_iterations < 0:
@@ -156,6 +161,37 @@ def gpu_activity(step, count):
     return median(busy), median(kernels), median(lengths)
 
 
+def host_profile(step, count, prefix, device):
+    """`count` steps under torch.profiler (CPU activity: operators and CUDA runtime calls, with the
+    time spent waiting in synchronisations) and `count` under cProfile (Python functions), written to
+    prefix + _operators.txt and prefix + _python.txt."""
+    import cProfile
+    import pstats
+    from torch.profiler import ProfilerActivity, profile
+
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(count):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60)
+    pathlib.Path(f"{prefix}_operators.txt").write_text(f"{count} steps\n{table}\n")
+    python = cProfile.Profile()
+    python.enable()
+    for _ in range(count):
+        step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    python.disable()
+    with open(f"{prefix}_python.txt", "w") as f:
+        f.write(f"{count} steps\n")
+        stats = pstats.Stats(python, stream=f)
+        stats.sort_stats("tottime").print_stats(50)
+        stats.sort_stats("cumtime").print_stats(60)
+    print(f"host profile: {prefix}_operators.txt, {prefix}_python.txt", flush=True)
+
+
 def run_batch(args, device, members):
     shapes = [member.to(device) for member in members]
     encoder, decoder = vae.build_model(args, device)
@@ -171,13 +207,14 @@ def run_batch(args, device, members):
         for _ in range(args.warmup):
             step()
         profiler.collect()
-        plain, timed, split, voxels, syncs = [], [], [], [], []
+        plain, host, timed, split, voxels, syncs = [], [], [], [], [], []
         for index in range(2 * args.iterations):
             profiler.enabled = index % 2 == 1
             profiler.synchronize()
             syncs_before = sg.host_synchronizations()
             start = time.perf_counter()
             _, decoder_voxels = step()
+            returned = time.perf_counter()
             profiler.synchronize()
             seconds = time.perf_counter() - start
             syncs.append(sg.host_synchronizations() - syncs_before)
@@ -187,10 +224,14 @@ def run_batch(args, device, members):
                 voxels.append(decoder_voxels)
             else:
                 plain.append(seconds)
+                host.append(returned - start)
         profiler.enabled = False
         activity = (None, None, None)
         if device.type == "cuda" and args.profile_iterations:
             activity = gpu_activity(step, args.profile_iterations)
+        if args.host_profile and args.profile_iterations:
+            host_profile(step, args.profile_iterations, pathlib.Path(args.host_profile) / f"b{len(members)}",
+                         device)
     finally:
         profiler.uninstall()
 
@@ -204,6 +245,7 @@ def run_batch(args, device, members):
         "decoder_voxels": int(median(voxels)),
         "step_ms": ms(plain),
         "step_min_ms": 1e3 * min(plain),
+        "host_ms": ms(host),
         "timed_step_ms": ms(timed),
         "topology_ms": ms(topology),
         "convolution_ms": ms([s["convolutions"] for s in split]),
@@ -225,7 +267,7 @@ def table(rows, on_cuda):
 
     first = rows[0]
     first_voxels = first["input_voxels"] + first["decoder_voxels"]
-    header = ("| batch | input voxels | decoder voxels | step ms | topology ms | plans ms | pyramid ms | conv ms "
+    header = ("| batch | input voxels | decoder voxels | step ms | host ms | topology ms | plans ms | pyramid ms | conv ms "
               "| rest ms | topology % | syncs | GPU busy | kernels | topology growth / voxel growth |")
     lines = [header, "|" + "|".join("---:" for _ in range(header.count("|") - 1)) + "|"]
     for row in rows:
@@ -234,7 +276,7 @@ def table(rows, on_cuda):
         busy = None if row["gpu_busy"] is None else 100 * row["gpu_busy"]
         lines.append(
             f"| {row['batch']} | {row['input_voxels']} | {row['decoder_voxels']} | {cell(row['step_ms'])} "
-            f"| {cell(row['topology_ms'])} | {cell(row['plans_ms'])} | {cell(row['pyramid_ms'])} "
+            f"| {cell(row['host_ms'])} | {cell(row['topology_ms'])} | {cell(row['plans_ms'])} | {cell(row['pyramid_ms'])} "
             f"| {cell(row['convolution_ms'])} | {cell(row['rest_ms'])} | {cell(100 * row['topology_fraction'], 1)} "
             f"| {cell(row['host_syncs_per_step'], 0)} "
             f"| {cell(busy, 1) + ' %' if on_cuda and busy is not None else '-'} "

@@ -275,21 +275,27 @@ if want wheel; then
     '$venv/bin/python' '$root/scripts/wheel_smoke.py'"
 fi
 if want train && [ $have_layer = 1 ]; then
+  # With the host side's profile (operators by self CPU time, Python functions by own time) in
+  # host_profile/. SPARSEGRID_TRAIN_BATCH narrows the batch sizes (16 32 48).
   step "train step" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' --device cuda \
+    --batch ${SPARSEGRID_TRAIN_BATCH:-16 32 48} --host-profile '$out/host_profile' \
     --json '$out/train_step.json' | tee '$out/train_step.md'"
 fi
 if want wide && [ $have_layer = 1 ]; then
   # The training step at the widths of published shape VAEs: channels 32/64/128/256 at resolution 64,
-  # batch 16, and 64/128/256/512 at resolution 128, batch 8; in float32, TF32 and bfloat16 autocast.
+  # batch 16, and 64/128/256/512 at resolution 128, batch 8; in float32, TF32 and bfloat16 autocast,
+  # each with its host profile in host_profile/wide_r*_*/. SPARSEGRID_WIDE_RESOLUTIONS (64 128) and
+  # SPARSEGRID_WIDE_PRECISIONS (float32 tf32 bfloat16) narrow the runs.
   for width in "64 16 32 64 128 256" "128 8 64 128 256 512"; do
     read -r resolution batch channels <<<"$width"
-    for precision in float32 tf32 bfloat16; do
+    [[ " ${SPARSEGRID_WIDE_RESOLUTIONS:-64 128} " == *" $resolution "* ]] || continue
+    for precision in ${SPARSEGRID_WIDE_PRECISIONS:-float32 tf32 bfloat16}; do
       flags=""
       [ $precision = tf32 ] && flags="--tf32"
       [ $precision = bfloat16 ] && flags="--autocast bfloat16"
       step "wide r$resolution b$batch $precision" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' \
         --device cuda --resolution $resolution --batch $batch --channels $channels $flags \
-        --json '$out/wide_r${resolution}_$precision.json' | tee '$out/wide_r${resolution}_$precision.md'"
+        --host-profile '$out/host_profile/wide_r${resolution}_$precision' --json '$out/wide_r${resolution}_$precision.json' | tee '$out/wide_r${resolution}_$precision.md'"
     done
   done
 fi
