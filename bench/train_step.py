@@ -161,22 +161,39 @@ def gpu_activity(step, count):
     return median(busy), median(kernels), median(lengths)
 
 
+def write_kernels(averages, count, path):
+    """The device events of a profile's key averages, by launches per step, with device us per step."""
+    try:
+        kernels = sorted(((e.count, e.key, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0))
+                          for e in averages if e.device_type == torch.autograd.DeviceType.CUDA), reverse=True)
+        lines = ["launches per step, device us per step, kernel"]
+        lines += [f"{n / count:8.1f} {t / count:10.1f}  {name[:150]}" for n, name, t in kernels]
+    except (AttributeError, TypeError) as error:  # a torch whose profiler events differ
+        lines = [f"no kernel listing: {error!r}"]
+    pathlib.Path(path).write_text("\n".join(lines) + "\n")
+
+
 def host_profile(step, count, prefix, device):
     """`count` steps under torch.profiler (CPU activity: operators and CUDA runtime calls, with the
-    time spent waiting in synchronisations) and `count` under cProfile (Python functions), written to
-    prefix + _operators.txt and prefix + _python.txt."""
+    time spent waiting in synchronisations; on CUDA also the kernels, by launches per step) and `count`
+    under cProfile (Python functions), written to prefix + _operators.txt, _kernels.txt and _python.txt."""
     import cProfile
     import pstats
     from torch.profiler import ProfilerActivity, profile
 
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
         for _ in range(count):
             step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=60)
+    averages = prof.key_averages()
+    table = averages.table(sort_by="self_cpu_time_total", row_limit=60)
     pathlib.Path(f"{prefix}_operators.txt").write_text(f"{count} steps\n{table}\n")
+    if device.type == "cuda":
+        # The device's kernels by launches per step (where the launches of a step come from).
+        write_kernels(averages, count, f"{prefix}_kernels.txt")
     python = cProfile.Profile()
     python.enable()
     for _ in range(count):

@@ -484,6 +484,9 @@ def parse_args(argv=None):
     parser.add_argument("--teacher-forcing", type=float, default=1 / 3,
                         help="the fraction of the iterations, the first ones, in which the decoder also keeps "
                         "the target's voxels at each level")
+    parser.add_argument("--autocast", choices=("bfloat16",), default=None,
+                        help="forward pass and loss in torch.autocast with this dtype (CUDA only; the parameters, "
+                        "their gradients and Adam stay float32; float16 would need loss scaling, not offered)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=20)
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
@@ -499,6 +502,9 @@ def parse_args(argv=None):
     if not 0 <= args.teacher_forcing <= 1:
         raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     args.device = resolve_device(args.device)
+    if args.autocast and args.device != "cuda":
+        raise SystemExit(f"--autocast {args.autocast} needs --device cuda (16-bit sparse convolutions run on CUDA "
+                         f"only), got --device {args.device}")
     if args.device == "cuda" and args.world_size > torch.cuda.device_count():
         raise SystemExit(f"--world-size {args.world_size} needs one GPU per process, torch sees "
                          f"{torch.cuda.device_count()}")
@@ -586,7 +592,8 @@ def train(rank, world_size, args):
     backend = f", {torch.distributed.get_backend()}" if distributed else ""
     log(f"shape VAE on {device.type}: {len(shapes)} shapes ({args.shapes} procedural, {len(args.meshes)} meshes) "
         f"at resolution {args.resolution}, batch {args.batch} x {world_size} processes{backend}, "
-        f"{sum(p.numel() for p in params)} parameters, {torch.get_num_threads()} torch threads; the target's voxels "
+        f"{sum(p.numel() for p in params)} parameters, {torch.get_num_threads()} torch threads"
+        f"{f', {args.autocast} autocast' if args.autocast else ''}; the target's voxels "
         f"kept for the first {teacher_iterations} iterations", flush=True)
     progress = Progress(args.iterations, args.print_every, profiler, log)
     # Throughput over all but the first fifth of the iterations (allocator growth, the decoder's early
@@ -603,7 +610,8 @@ def train(rank, world_size, args):
             members = [symmetric_copy(shape, args.resolution, sampler) for shape in members]
         target = sg.GridBatch.from_ijk(members)
         progress.step(*vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler,
-                                keep_targets=iteration < teacher_iterations))
+                                keep_targets=iteration < teacher_iterations,
+                                autocast=getattr(torch, args.autocast) if args.autocast else None))
         schedule.step()
     synchronize(device)
     seconds = time.perf_counter() - start
