@@ -105,7 +105,17 @@ __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __res
         const int64_t t = rest / y_channels;
         const int64_t ci = transpose ? yi : xi;
         const int64_t co = transpose ? xi : yi;
-        packed[n] = weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)];
+        T value = weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // TF32 runs from compute capability 8.0
+        if constexpr (std::is_same_v<T, float>) {
+            // Float packs only for TF32: rounded here once (the warpgroup kernels read the packed weights
+            // as they are; the mma.sync kernels' own rounding leaves a rounded value unchanged).
+            uint32_t bits = __float_as_uint(value);
+            mma::Mma<float>::prepare(bits);
+            value = __uint_as_float(bits);
+        }
+#endif
+        packed[n] = value;
     }
 }
 
@@ -339,13 +349,13 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-/// A warpgroup configuration as an EngineKernel (gathering only, 16-bit types only: engine_convolution
-/// takes no warpgroup configuration for the others).
+/// A warpgroup configuration as an EngineKernel (gathering only, in 16-bit types and TF32:
+/// engine_convolution takes no warpgroup configuration for the others).
 template <typename T, int BN, int kStages>
 void launch_warpgroup(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                       const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
                       size_t shared_bytes, cudaStream_t stream) {
-    if constexpr (sizeof(T) == 2) {
+    if constexpr (sizeof(T) == 2 || std::is_same_v<T, float>) {
         if (!scatter) {
             launch_warpgroup_engine<T, BN, kStages>(map, order, rows, volume, x, packed, out, x_channels, y_channels,
                                                     shared_bytes, stream);
@@ -490,7 +500,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     };
     // Warpgroup configurations: gathering in 16-bit types on a device that runs them; elsewhere a forced
     // one gives way to the automatic choice (the same results: every configuration sums in one order).
-    const bool warpgroup_ok = sizeof(T) == 2 && !args.scatter && warpgroup_engine_available(ctx);
+    const bool warpgroup_ok = !args.scatter && warpgroup_engine_available(ctx);
     if (index >= 0 && kEngineConfigs[index].warpgroup && !warpgroup_ok) index = kEngineAutomatic;
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
         // The tuner's candidates: every configuration that can run here.
@@ -513,7 +523,8 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
         if (tuned.index != kEngineAutomatic) index = candidates[static_cast<size_t>(tuned.index)];
     }
     if (index == kEngineAutomatic)
-        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter, warpgroup_ok);
+        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter,
+                                 warpgroup_ok && sizeof(T) == 2);
     launch(index);
     return true;
 }

@@ -1,6 +1,6 @@
 // Hopper warpgroup kernels of the convolution engine (compute capability 9.0, code built for sm_90a):
-// the gathering forward pass and input gradient of conv_implicit_gemm.cu for float16 and bfloat16, with
-// wgmma reading both operands from shared memory in place of ldmatrix + mma.sync.
+// the gathering forward pass and input gradient of conv_implicit_gemm.cu for float16, bfloat16 and TF32,
+// with wgmma reading both operands from shared memory in place of ldmatrix + mma.sync.
 //
 // A block owns 128 output rows (in the map's row order) and BN output channels, in two warpgroups of 64
 // rows each. Its prologue is that of implicit_gemm_kernel: the rows' sources at every tap into a shared
@@ -8,8 +8,11 @@
 // each step's gathered input rows and the tap's packed weights arrive by cp.async (absent sources
 // zero-filled) into a stage of rows of 128 bytes in the 128-byte swizzle the tensor cores read (16-byte
 // vector v of row r at v ^ (r % 8)), `stages` deep, and each warpgroup multiplies them by four
-// m64nBNk16 wgmma, one group of them in flight while the next step is prepared. Every output element is
-// summed in the order (tap, channel) by 16 channels per product, the order of the mma.sync kernels.
+// m64nBNk16 wgmma (k8 in TF32: 32 channels per step), one group of them in flight while the next step
+// is prepared. Every output element is summed in the order (tap, channel) by 16 channels per product (8
+// in TF32), the order of the mma.sync kernels. In TF32 each thread rounds the input rows it copied once
+// they have landed, and the weights arrive rounded from their packing, as the mma.sync kernels round
+// both operands, so that the results stay bitwise theirs.
 #include "backend/backend.h"
 #include "core/errors.h"
 #include "cuda/conv_mma.cuh"
@@ -22,6 +25,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 namespace sparsegrid::detail::cuda {
 
@@ -32,6 +36,22 @@ constexpr int kRowBytes = 128;   // one k step: 64 channels of one tap, one swiz
 constexpr int kBlockThreads = 256;
 constexpr int kMaxTaps = 64;
 constexpr int kTableStride = kBlockRows + 4;  // as implicit_gemm_kernel's table
+
+#ifdef SPARSEGRID_WARPGROUP_DEVICE
+/// The four floats of the 16 bytes at shared `address` rounded to TF32 (cvt.rna, as mma::Mma<float>).
+__device__ __forceinline__ void round_to_tf32(uint32_t address) {
+    float f[4];
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(f[0]), "=f"(f[1]), "=f"(f[2]), "=f"(f[3])
+                 : "r"(address)
+                 : "memory");
+    uint32_t r[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r[e]) : "f"(f[e]));
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+}
+#endif
 
 template <typename T, int BN, int kStages>
 __global__ __launch_bounds__(kBlockThreads,
@@ -139,6 +159,13 @@ __global__ __launch_bounds__(kBlockThreads,
         // after the barrier every thread's have, and every warpgroup's products of step - 1 - kInFlight
         // are complete, so that step's stage can be refilled.
         mma::wait_copies<kAhead - 1>();
+        if constexpr (std::is_same_v<T, float>) {
+            // TF32: this thread's rows of A rounded in place as the mma.sync kernels round them (the
+            // tensor cores would drop the low bits); the packed weights were rounded when packed.
+            const uint32_t at = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
+#pragma unroll
+            for (int c = 0; c < kRowsA; ++c) round_to_tf32(at + a_copy[c]);
+        }
         warpgroup::fence_async_shared();
         __syncthreads();
         load_next((step + kAhead) % kStages);
@@ -213,9 +240,10 @@ void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t r
 #define SPARSEGRID_WARPGROUP_INSTANCE(T, BN, S)                                                                    \
     template void launch_warpgroup_engine<T, BN, S>(const int32_t*, const int32_t*, int64_t, int32_t, const void*, \
                                                     const void*, void*, int32_t, int32_t, size_t, cudaStream_t);
-#define SPARSEGRID_WARPGROUP_TYPES(BN, S)        \
-    SPARSEGRID_WARPGROUP_INSTANCE(__half, BN, S) \
-    SPARSEGRID_WARPGROUP_INSTANCE(__nv_bfloat16, BN, S)
+#define SPARSEGRID_WARPGROUP_TYPES(BN, S)               \
+    SPARSEGRID_WARPGROUP_INSTANCE(__half, BN, S)        \
+    SPARSEGRID_WARPGROUP_INSTANCE(__nv_bfloat16, BN, S) \
+    SPARSEGRID_WARPGROUP_INSTANCE(float, BN, S)
 SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(SPARSEGRID_WARPGROUP_TYPES)
 #undef SPARSEGRID_WARPGROUP_TYPES
 #undef SPARSEGRID_WARPGROUP_INSTANCE

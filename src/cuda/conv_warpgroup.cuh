@@ -1,8 +1,8 @@
 // Hopper warpgroup primitives of the convolution engine (conv_warpgroup.cu, conv_weight_engine.cu):
 // shared-memory descriptors of tiles in the 128-byte swizzle, the fences and waits around wgmma, and
-// wgmma m64nNk16 with float32 accumulators for float16 and bfloat16. Device code only where the build
-// targets sm_90a (SPARSEGRID_WARPGROUP_DEVICE); the callers launch their kernels only where
-// warpgroup_engine_available() says so.
+// wgmma with float32 accumulators: m64nNk16 for float16 and bfloat16, m64nNk8 for TF32. Device code
+// only where the build targets sm_90a (SPARSEGRID_WARPGROUP_DEVICE); the callers launch their kernels
+// only where warpgroup_engine_available() says so.
 #pragma once
 
 #include "cuda/conv_mma.cuh"
@@ -68,7 +68,8 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
     "%49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 /// d (64 x N per warpgroup, float32) += A (64 x 16, descriptor a) B (16 x N, descriptor b), both in
-/// shared memory; kTransposed: both operands MN-major (else K-major). Lane l of warp w of the warpgroup
+/// shared memory (64 x 8 and 8 x N for float in TF32); kTransposed: both operands MN-major (else
+/// K-major; 16-bit types only). Lane l of warp w of the warpgroup
 /// holds d[4 j + 2 h + e] = D[16 w + l / 4 + 8 h][8 j + 2 (l % 4) + e].
 template <typename T, int N, int kTransposed>
 struct Product;
@@ -86,6 +87,24 @@ struct Product;
                          : "l"(a), "l"(b), "r"(1), "n"(kTransposed));                                               \
         }                                                                                                           \
     };
+// TF32 (float operands, K-major only): m64nNk8, the same 32 bytes of K per product as k16 in 16 bits.
+// The tensor cores read the upper 19 bits of each float: operands must already be rounded to TF32
+// (conv_warpgroup.cu rounds them in shared memory or at packing, as cvt.rna).
+#define SPARSEGRID_WG_PRODUCT_TF32(N, REGS, OPERANDS, A, B, P)                                               \
+    template <>                                                                                              \
+    struct Product<float, N, 0> {                                                                            \
+        __device__ __forceinline__ static void run(float (&d)[N / 2], uint64_t a, uint64_t b) {              \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #P                                             \
+                         ", 0;\n"                                                                            \
+                         "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32 {" REGS "}, %" #A ", %" #B \
+                         ", p, 1, 1;\n}\n"                                                                   \
+                         : OPERANDS                                                                          \
+                         : "l"(a), "l"(b), "r"(1));                                                          \
+        }                                                                                                    \
+    };
+SPARSEGRID_WG_PRODUCT_TF32(64, SPARSEGRID_WG_R32, SPARSEGRID_WG_D32, 32, 33, 34)
+SPARSEGRID_WG_PRODUCT_TF32(128, SPARSEGRID_WG_R64, SPARSEGRID_WG_D64, 64, 65, 66)
+#undef SPARSEGRID_WG_PRODUCT_TF32
 SPARSEGRID_WG_PRODUCT(__half, "f16", 64, SPARSEGRID_WG_R32, SPARSEGRID_WG_D32, 32, 33, 34, 35)
 SPARSEGRID_WG_PRODUCT(__nv_bfloat16, "bf16", 64, SPARSEGRID_WG_R32, SPARSEGRID_WG_D32, 32, 33, 34, 35)
 SPARSEGRID_WG_PRODUCT(__half, "f16", 128, SPARSEGRID_WG_R64, SPARSEGRID_WG_D64, 64, 65, 66, 67)
