@@ -419,16 +419,19 @@ int warpgroup_config_index(int bn, int stages) {
 /// 0.755). 128 x 32 tiles (4 warps) never led, even at 32 output channels. TF32 above 64 output channels
 /// over 27 taps or more, gathering: 64 x 128 tiles of 128-byte chunks (k3s1 C = 128: 0.610 against 0.662
 /// with 128 x 128 x 64 B / 4; over the 8 taps of k2s2 the latter still led, 0.360 against 0.375).
-/// Where the warpgroup kernels run (`warpgroup`: float16 / bfloat16 gathering on compute capability 9.0)
+/// Where the warpgroup kernels run (`warpgroup`: gathering on compute capability 9.0)
 /// they lead from rows of 128 bytes and 64 output channels (float16, forward / input gradient, ms):
 /// g128x64/4 up to 64 output channels (k3s1 C = 64: 0.093 / 0.090 against 0.118 / 0.118 with
 /// 128 x 64 x 128 B / 3; the k2s2 input gradient 0.078 against 0.085) and g128x128/3 above (k3s1
 /// C = 128: 0.198 / 0.197 against 0.310 / 0.309 with 128 x 128 x 64 B / 4; the k2s2 input gradient
-/// 0.146 against 0.200). bfloat16 alike.
+/// 0.146 against 0.200). bfloat16 alike. In TF32 the same two lead from 32 output channels (k3s1,
+/// forward / input gradient, ms): g128x64/4 at C = 32 (0.115 / 0.113 against 0.127 / 0.128 with
+/// 128 x 64 x 128 B / 3) and C = 64 (0.196 / 0.197 against 0.222 / 0.223), g128x128/3 at C = 128 (0.438 /
+/// 0.438 against 0.609 / 0.607 with 64 x 128 x 128 B / 3; the k2s2 input gradient 0.242 against 0.359).
 int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter,
                      bool warpgroup) {
     const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
-    if (warpgroup && row_bytes >= 128 && y_channels >= 64)
+    if (warpgroup && row_bytes >= 128 && y_channels >= (element_bytes == 4 ? 32 : 64))
         return y_channels <= 64 ? warpgroup_config_index(64, 4) : warpgroup_config_index(128, 3);
     if (y_channels <= 64) return row_bytes >= 128 ? config_index(128, 64, 128, 3) : config_index(128, 64, 64, 4);
     if (element_bytes == 4 && row_bytes >= 128 && volume >= 27 && !scatter) return config_index(64, 128, 128, 3);
@@ -498,7 +501,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
                                                static_cast<int32_t>(y_channels), args.scatter,
                                                kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
     };
-    // Warpgroup configurations: gathering in 16-bit types on a device that runs them; elsewhere a forced
+    // Warpgroup configurations: gathering (16-bit types and TF32) on a device that runs them; elsewhere a forced
     // one gives way to the automatic choice (the same results: every configuration sums in one order).
     const bool warpgroup_ok = !args.scatter && warpgroup_engine_available(ctx);
     if (index >= 0 && kEngineConfigs[index].warpgroup && !warpgroup_ok) index = kEngineAutomatic;
@@ -523,8 +526,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
         if (tuned.index != kEngineAutomatic) index = candidates[static_cast<size_t>(tuned.index)];
     }
     if (index == kEngineAutomatic)
-        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter,
-                                 warpgroup_ok && sizeof(T) == 2);
+        index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter, warpgroup_ok);
     launch(index);
     return true;
 }
