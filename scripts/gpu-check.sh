@@ -301,7 +301,7 @@ if want wide && [ $have_layer = 1 ]; then
 fi
 if want vae && [ $have_layer = 1 ]; then
   step "vae b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/vae.py' --device cuda --batch 16 --resolution 64 \
-    ${SPARSEGRID_VAE_ARGS:---shapes 4096 --iterations 5000 --channels 16 32 64 64} --print-every 50 --output '$out/vae' \
+    ${SPARSEGRID_VAE_ARGS:---shapes 4096 --iterations 5000 --channels 32 64 128 256 --autocast bfloat16 --no-breakdown} --print-every 50 --output '$out/vae' \
     | tee '$out/vae.md'"
 fi
 
