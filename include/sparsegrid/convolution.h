@@ -121,10 +121,10 @@ private:
 /// input gradient and the weight gradient in float16, bfloat16 and float with TF32 (empty in a build
 /// without CUDA): the forward ones (also used for the input gradient) first, then the weight gradient's,
 /// whose names start with "w". Those whose names start with "g" (forward) or "wg" (weight gradient) use
-/// Hopper's warpgroup products (wgmma): they run float16 and bfloat16 (the forward ones only gathering)
-/// on devices of compute capability 9.0 in builds with sm_90a code (CUDA architecture 90a, as by
-/// default), and give way to the automatic choice elsewhere; there the automatic choice takes them from
-/// 64 channels. Every
+/// Hopper's warpgroup products (wgmma): the forward ones run float16, bfloat16 and TF32 (gathering only),
+/// the weight-gradient ones float16 and bfloat16, on devices of compute capability 9.0 in builds with
+/// sm_90a code (CUDA architecture 90a, as by default), and give way to the automatic choice elsewhere;
+/// there the automatic choice takes them from 64 channels (the forward ones in TF32 from 32). Every
 /// configuration sums each output over the same groups in the same order: results are bitwise equal
 /// whichever configuration runs, so the choice only changes speed.
 std::vector<std::string> convolution_engine_configurations();

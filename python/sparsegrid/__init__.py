@@ -481,8 +481,8 @@ def host_synchronizations():
 def convolution_engine_configurations():
     """Names of the tile configurations of the CUDA tensor-core convolution engine (forward and input
     gradient ones, then weight-gradient ones starting with "w"); empty without CUDA. Those starting with
-    "g" or "wg" use Hopper's warpgroup products (float16 and bfloat16 on compute capability 9.0; elsewhere
-    a forced one gives way to the automatic choice). Every configuration gives bitwise the same result."""
+    "g" or "wg" use Hopper's warpgroup products on compute capability 9.0 ("g" in float16, bfloat16 and
+    TF32, "wg" in float16 and bfloat16; elsewhere a forced one gives way to the automatic choice). Every configuration gives bitwise the same result."""
     return list(torch.ops.sparsegrid.convolution_engine_configurations())
 
 
