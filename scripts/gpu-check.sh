@@ -227,8 +227,9 @@ fi
 if want passes && [ $have_layer = 1 ]; then
   # Each pass on its own through the PyTorch layer, with TFLOP/s, the fraction of the dense peak and the
   # equal-FLOP torch.mm, at 16, 32 and 48 members and C = 32 to 256, in every dtype.
+  # SPARSEGRID_PASSES_MEMBERS and SPARSEGRID_PASSES_DTYPES narrow the runs.
   for members in ${SPARSEGRID_PASSES_MEMBERS:-16 32 48}; do
-    for dtype in float16 bfloat16 tf32 float32; do
+    for dtype in ${SPARSEGRID_PASSES_DTYPES:-float16 bfloat16 tf32 float32}; do
       flags="--dtype $dtype"
       [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
       step "passes b$members $dtype" "${pyenv[@]}" bash -c "python3 '$root/bench/conv_bench.py' --device cuda \
