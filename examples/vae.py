@@ -484,9 +484,10 @@ def parse_args(argv=None):
     parser.add_argument("--teacher-forcing", type=float, default=1 / 3,
                         help="the fraction of the iterations, the first ones, in which the decoder also keeps "
                         "the target's voxels at each level")
-    parser.add_argument("--autocast", choices=("bfloat16",), default=None,
+    parser.add_argument("--autocast", choices=("bfloat16", "none"), default="none",
                         help="forward pass and loss in torch.autocast with this dtype (CUDA only; the parameters, "
-                        "their gradients and Adam stay float32; float16 would need loss scaling, not offered)")
+                        "their gradients and Adam stay float32; float16 would need loss scaling, not offered); "
+                        "none: float32 throughout")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-every", type=int, default=20)
     parser.add_argument("--no-breakdown", dest="breakdown", action="store_false",
@@ -502,9 +503,10 @@ def parse_args(argv=None):
     if not 0 <= args.teacher_forcing <= 1:
         raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     args.device = resolve_device(args.device)
+    args.autocast = None if args.autocast == "none" else args.autocast
     if args.autocast and args.device != "cuda":
         raise SystemExit(f"--autocast {args.autocast} needs --device cuda (16-bit sparse convolutions run on CUDA "
-                         f"only), got --device {args.device}")
+                         f"only), got --device {args.device}; --autocast none trains in float32")
     if args.device == "cuda" and args.world_size > torch.cuda.device_count():
         raise SystemExit(f"--world-size {args.world_size} needs one GPU per process, torch sees "
                          f"{torch.cuda.device_count()}")

@@ -119,16 +119,37 @@ def test_step_profiler_counts_forward_and_backward_convolutions():
     assert sg.ConvolutionPlan.execute is original_execute
 
 
+def test_vae_autocast_is_cuda_only_and_can_be_turned_off():
+    with pytest.raises(SystemExit, match="--autocast bfloat16 needs --device cuda.*--autocast none"):
+        vae.parse_args(["--device", "cpu", "--autocast", "bfloat16"])
+    assert vae.parse_args(["--device", "cpu", "--autocast", "none"]).autocast is None
+    assert vae.parse_args(["--device", "cpu"]).autocast is None
+
+
+@pytest.mark.skipif(not (CUDA or os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1"), reason="needs CUDA")
+def test_vae_trains_in_bfloat16_autocast():
+    out = run_example("--device", "cuda", "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
+                      "--held-out", "2", "--autocast", "bfloat16")
+    assert "bfloat16 autocast" in out and "held-out reconstruction" in out
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_train_step_benchmark_writes_table_and_json(tmp_path, device):
     path = tmp_path / "train_step.json"
     out = run_script("bench/train_step.py", "--device", device, "--resolution", "16", "--batch", "2", "3",
-                     "--iterations", "2", "--warmup", "1", "--profile-iterations", "2", "--json", str(path))
-    assert "| batch | input voxels |" in out
+                     "--iterations", "2", "--warmup", "1", "--profile-iterations", "2", "--json", str(path),
+                     "--host-profile", str(tmp_path / "host"))
+    assert "| batch | input voxels |" in out and "| host ms |" in out
     rows = json.loads(path.read_text())["rows"]
     assert [row["batch"] for row in rows] == [2, 3]
+    for batch in (2, 3):
+        assert "self cpu" in (tmp_path / "host" / f"b{batch}_operators.txt").read_text().lower()
+        assert "function calls" in (tmp_path / "host" / f"b{batch}_python.txt").read_text()
+        if device == "cuda":
+            assert "launches per step" in (tmp_path / "host" / f"b{batch}_kernels.txt").read_text()
     for row in rows:
         assert row["step_ms"] > 0 and row["convolution_ms"] > 0 and row["rest_ms"] >= 0
+        assert 0 < row["host_ms"] <= row["step_ms"]  # per step the call returns before the closing sync
         assert row["topology_ms"] > 0 and row["plans_ms"] > 0 and row["pyramid_ms"] > 0
         assert 0 < row["topology_fraction"] < 1
         if device == "cuda":
