@@ -90,6 +90,8 @@ def main(argv=None):
     parser.add_argument("--teacher-forcing", type=float, default=1 / 3,
                         help="the fraction of the iterations, the first ones, in which the decoder also keeps "
                         "the full shape's voxels at each level")
+    parser.add_argument("--autocast", choices=("bfloat16", "none"), default="none",
+                        help="forward pass and loss in torch.autocast with this dtype (CUDA only, as in vae.py)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--held-out", type=int, default=16, help="shapes of another seed to evaluate on")
     parser.add_argument("--print-every", type=int, default=20)
@@ -101,6 +103,10 @@ def main(argv=None):
     if not 0 <= args.teacher_forcing <= 1:
         raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     device = torch.device(vae.resolve_device(args.device))
+    autocast = None if args.autocast == "none" else getattr(torch, args.autocast)
+    if autocast is not None and device.type != "cuda":
+        raise SystemExit(f"--autocast {args.autocast} needs --device cuda (16-bit sparse convolutions run on CUDA "
+                         f"only), got --device {device.type}; --autocast none trains in float32")
 
     generator = torch.Generator().manual_seed(args.seed)
     shapes = [shape.to(device) for shape in sg.synthetic_shapes(args.shapes, args.resolution, args.seed)]
@@ -110,17 +116,18 @@ def main(argv=None):
     teacher_iterations = round(args.teacher_forcing * args.iterations)
     profiler = vae.StepProfiler(device, enabled=args.breakdown).install()
     print(f"shape completion on {device.type}: {args.shapes} procedural shapes at resolution {args.resolution}, "
-          f"batch {args.batch}", flush=True)
+          f"batch {args.batch}{f', {args.autocast} autocast' if autocast else ''}", flush=True)
     progress = vae.Progress(args.iterations, args.print_every, profiler)
     for iteration in range(args.iterations):
         pick = torch.randint(0, args.shapes, (args.batch,), generator=generator).tolist()
         full = sg.GridBatch.from_ijk([shapes[i] for i in pick])
         partial = cut(full, generator)
-        code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
         with profiler.span("pyramid"):
             pyramid, _ = vae.target_pyramid(full)
-        _, _, outputs = decoder(code, pyramid, keep_targets=iteration < teacher_iterations)
-        loss = vae.occupancy_loss(outputs)
+        with torch.autocast(device.type, dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            code, _ = encoder(snn.SparseFeatures(partial, torch.ones(partial.num_voxels, 1, device=device)))
+            _, _, outputs = decoder(code, pyramid, keep_targets=iteration < teacher_iterations)
+            loss = vae.occupancy_loss(outputs)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

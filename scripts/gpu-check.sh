@@ -309,7 +309,7 @@ fi
 if want completion && [ $have_layer = 1 ]; then
   # The completion example at the VAE's GPU scale: its held-out completions against their inputs.
   step "completion b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/completion.py' --device cuda --batch 16 \
-    --resolution 64 ${SPARSEGRID_COMPLETION_ARGS:---shapes 4096 --iterations 5000 --channels 16 32 64 64} \
+    --resolution 64 ${SPARSEGRID_COMPLETION_ARGS:---shapes 4096 --iterations 5000 --channels 32 64 128 256 --autocast bfloat16 --no-breakdown} \
     --print-every 250 --output '$out/completion' | tee '$out/completion.md'"
 fi
 

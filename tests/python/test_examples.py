@@ -13,6 +13,7 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
+import completion  # noqa: E402
 import sparsegrid as sg  # noqa: E402
 import vae  # noqa: E402
 
@@ -131,6 +132,18 @@ def test_vae_trains_in_bfloat16_autocast():
     out = run_example("--device", "cuda", "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
                       "--held-out", "2", "--autocast", "bfloat16")
     assert "bfloat16 autocast" in out and "held-out reconstruction" in out
+
+
+def test_completion_autocast_is_cuda_only():
+    with pytest.raises(SystemExit, match="--autocast bfloat16 needs --device cuda.*--autocast none"):
+        completion.main(["--device", "cpu", "--autocast", "bfloat16"])
+
+
+@pytest.mark.skipif(not (CUDA or os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1"), reason="needs CUDA")
+def test_completion_trains_in_bfloat16_autocast():
+    out = run_example("--device", "cuda", "--iterations", "3", "--print-every", "3", "--batch", "2", "--shapes", "4",
+                      "--held-out", "2", "--autocast", "bfloat16", script="completion.py")
+    assert "bfloat16 autocast" in out and "IoU with the full shapes" in out
 
 
 @pytest.mark.parametrize("device", DEVICES)
