@@ -86,7 +86,8 @@ def parse_args(argv=None):
     parser.add_argument("--json", default=None, help="also write the rows as JSON")
     parser.add_argument("--host-profile", default=None, metavar="DIR",
                         help="also run --profile-iterations steps under torch.profiler (host side) and cProfile, "
-                             "writing the operators by self CPU time and the Python functions by own time to DIR")
+                             "writing the operators by self CPU time, the Python functions by own time and, on "
+                             "CUDA, the kernels by launches per step to DIR")
     args = parser.parse_args(argv)
     vae.check_resolution(args.resolution)
     if args.iterations < 1 or args.warmup < 0 or args.profile_iterations < 0:
@@ -164,7 +165,8 @@ def gpu_activity(step, count):
 def write_kernels(averages, count, path):
     """The device events of a profile's key averages, by launches per step, with device us per step."""
     try:
-        kernels = sorted(((e.count, e.key, getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0))
+        kernels = sorted(((e.count, e.key,
+                           getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0))
                           for e in averages if e.device_type == torch.autograd.DeviceType.CUDA), reverse=True)
         lines = ["launches per step, device us per step, kernel"]
         lines += [f"{n / count:8.1f} {t / count:10.1f}  {name[:150]}" for n, name, t in kernels]
@@ -206,7 +208,8 @@ def host_profile(step, count, prefix, device):
         stats = pstats.Stats(python, stream=f)
         stats.sort_stats("tottime").print_stats(50)
         stats.sort_stats("cumtime").print_stats(60)
-    print(f"host profile: {prefix}_operators.txt, {prefix}_python.txt", flush=True)
+    kernels = f", {prefix}_kernels.txt" if device.type == "cuda" else ""
+    print(f"host profile: {prefix}_operators.txt{kernels}, {prefix}_python.txt", flush=True)
 
 
 def run_batch(args, device, members):
@@ -284,8 +287,8 @@ def table(rows, on_cuda):
 
     first = rows[0]
     first_voxels = first["input_voxels"] + first["decoder_voxels"]
-    header = ("| batch | input voxels | decoder voxels | step ms | host ms | topology ms | plans ms | pyramid ms | conv ms "
-              "| rest ms | topology % | syncs | GPU busy | kernels | topology growth / voxel growth |")
+    header = ("| batch | input voxels | decoder voxels | step ms | host ms | topology ms | plans ms | pyramid ms "
+              "| conv ms | rest ms | topology % | syncs | GPU busy | kernels | topology growth / voxel growth |")
     lines = [header, "|" + "|".join("---:" for _ in range(header.count("|") - 1)) + "|"]
     for row in rows:
         voxel_growth = (row["input_voxels"] + row["decoder_voxels"]) / first_voxels
@@ -293,7 +296,8 @@ def table(rows, on_cuda):
         busy = None if row["gpu_busy"] is None else 100 * row["gpu_busy"]
         lines.append(
             f"| {row['batch']} | {row['input_voxels']} | {row['decoder_voxels']} | {cell(row['step_ms'])} "
-            f"| {cell(row['host_ms'])} | {cell(row['topology_ms'])} | {cell(row['plans_ms'])} | {cell(row['pyramid_ms'])} "
+            f"| {cell(row['host_ms'])} | {cell(row['topology_ms'])} | {cell(row['plans_ms'])} "
+            f"| {cell(row['pyramid_ms'])} "
             f"| {cell(row['convolution_ms'])} | {cell(row['rest_ms'])} | {cell(100 * row['topology_fraction'], 1)} "
             f"| {cell(row['host_syncs_per_step'], 0)} "
             f"| {cell(busy, 1) + ' %' if on_cuda and busy is not None else '-'} "
