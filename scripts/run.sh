@@ -8,8 +8,9 @@
 #     CUDA backend only when the run will use a GPU (then for the local GPU's architecture unless
 #     SPARSEGRID_CUDA_ARCHS says otherwise);
 #   - trains: on a GPU batch 16 at resolution 64, 5000 iterations over 4096 procedural shapes with
-#     channels 32/64/128/256 in bfloat16 autocast (progress lines without the per-call time split); on
-#     the CPU batch 8 at resolution 32, 500 iterations (a few minutes on 2 cores).
+#     channels 32/64/128/256 in bfloat16 autocast where the GPU supports bfloat16 (float32 elsewhere;
+#     progress lines without the per-call time split); on the CPU batch 8 at resolution 32, 500
+#     iterations (a few minutes on 2 cores).
 # Extra arguments go to examples/vae.py and override these (e.g. --iterations 100 --output DIR).
 # The topology benchmark of the sparsegrid tool is scripts/bench.sh.
 set -euo pipefail
@@ -58,8 +59,12 @@ cmake --build "$build_dir" -j "$(nproc)" --target sparsegrid_torch
 export SPARSEGRID_TORCH_LIBRARY="$build_dir/python/libsparsegrid_torch.so"
 export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
 if [ "$device" = cuda ]; then
+  # bfloat16 autocast where the GPU has bfloat16 tensor cores (compute capability 8.0 on), else float32.
+  precision=none
+  "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.get_device_capability()[0] >= 8 else 1)' 2>/dev/null &&
+    precision=bfloat16
   defaults=(--device cuda --batch 16 --resolution 64 --shapes 4096 --iterations 5000 --channels 32 64 128 256
-            --autocast bfloat16 --no-breakdown --print-every 250)
+            --autocast "$precision" --no-breakdown --print-every 250)
 else
   defaults=(--device cpu --batch 8 --resolution 32 --shapes 64 --iterations 500 --print-every 50)
   echo "run.sh: no GPU: the small configuration (batch 8, resolution 32, 500 iterations) on the CPU"
