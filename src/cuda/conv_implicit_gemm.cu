@@ -506,24 +506,15 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     const bool warpgroup_ok = !args.scatter && warpgroup_engine_available(ctx);
     if (index >= 0 && kEngineConfigs[index].warpgroup && !warpgroup_ok) index = kEngineAutomatic;
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
-        // The tuner's candidates: every configuration that can run here.
-        std::vector<int> candidates;
-        std::vector<std::string> names;
-        for (int i = 0; i < kEngineConfigCount; ++i) {
-            if (kEngineConfigs[i].warpgroup && !warpgroup_ok) continue;
-            candidates.push_back(i);
-            names.push_back(kEngineConfigs[i].name());
-        }
         const EngineShape shape{args.scatter ? "scatter" : "forward",
                                 engine_dtype_name<T>(),
                                 x_channels,
                                 y_channels,
                                 args.volume,
                                 floor_log2(args.rows)};
-        const TunedConfiguration tuned = tuned_configuration(
-            shape, names, [&](int i) { launch(candidates[static_cast<size_t>(i)]); }, ctx);
+        const TunedConfiguration tuned = tune_among(kEngineConfigs, warpgroup_ok, shape, launch, ctx);
         if (tuned.ran) return true;
-        if (tuned.index != kEngineAutomatic) index = candidates[static_cast<size_t>(tuned.index)];
+        index = tuned.index;
     }
     if (index == kEngineAutomatic)
         index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter, warpgroup_ok);

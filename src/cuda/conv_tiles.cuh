@@ -284,6 +284,25 @@ bool engine_tuning_idle();
 TunedConfiguration tuned_configuration(const EngineShape& shape, const std::vector<std::string>& names,
                                        const std::function<void(int)>& run, const Context& ctx);
 
+/// The tuner's choice for `shape` among the configurations that can run here (every one of `configs`
+/// but the warpgroup ones without `warpgroup_ok`), run(i) launching configs[i]: tuned_configuration over
+/// their names, with `index` mapped back into `configs` (kEngineAutomatic where nothing is recorded).
+template <typename Config, size_t N, typename Run>
+TunedConfiguration tune_among(const Config (&configs)[N], bool warpgroup_ok, const EngineShape& shape, Run&& run,
+                              const Context& ctx) {
+    std::vector<int> candidates;
+    std::vector<std::string> names;
+    for (int i = 0; i < static_cast<int>(N); ++i) {
+        if (configs[i].warpgroup && !warpgroup_ok) continue;
+        candidates.push_back(i);
+        names.push_back(configs[i].name());
+    }
+    TunedConfiguration tuned = tuned_configuration(
+        shape, names, [&](int i) { run(candidates[static_cast<size_t>(i)]); }, ctx);
+    if (tuned.index != kEngineAutomatic) tuned.index = candidates[static_cast<size_t>(tuned.index)];
+    return tuned;
+}
+
 /// Turns tuning on or off and names the file of recorded choices ("" for none), read now.
 void set_engine_tuning(bool enabled, const std::string& file);
 

@@ -476,22 +476,33 @@ __global__ __launch_bounds__(BM / 64 * 128, BM == 128 ? 2 : 3) void weight_warpg
 using WeightKernel = void (*)(const int32_t*, const int32_t*, int64_t, int32_t, const void*, const void*, float*,
                               int32_t, int32_t, int64_t, int64_t, cudaStream_t);
 
-template <typename T, int BM, int BN, int WM, int WN, int kStages>
-void launch_weight_engine(const int32_t* map, const int32_t* tap_major, int64_t rows, int32_t volume,
-                          const void* gathered, const void* per_row, float* partial, int32_t a_channels,
-                          int32_t b_channels, int64_t slots, int64_t rows_per_slot, cudaStream_t stream) {
-    auto* kernel = weight_engine_kernel<T, BM, BN, WM, WN, kStages>;
-    constexpr WeightConfig config{BM, BN, WM, WN, kStages};
+/// Launches a weight-gradient kernel of `config` in T: one block per (BM x BN tile, slot, tap), after
+/// raising the kernel's dynamic shared-memory limit on the device (`raised`: the kernel's own record).
+template <typename T, typename Kernel>
+void launch_weight_kernel(Kernel kernel, const WeightConfig& config, std::atomic<uint64_t>& raised, const int32_t* map,
+                          const int32_t* tap_major, int64_t rows, int32_t volume, const void* gathered,
+                          const void* per_row, float* partial, int32_t a_channels, int32_t b_channels, int64_t slots,
+                          int64_t rows_per_slot, cudaStream_t stream) {
     const size_t shared_bytes = config.shared_bytes(static_cast<int>(sizeof(T)));
-    static std::atomic<uint64_t> raised{0};
     raise_shared_memory_limit(kernel, shared_bytes, raised);
-    const int64_t tiles_m = (a_channels + BM - 1) / BM, tiles_n = (b_channels + BN - 1) / BN;
+    const int64_t tiles_m = (a_channels + config.bm - 1) / config.bm,
+                  tiles_n = (b_channels + config.bn - 1) / config.bn;
     const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots),
                     static_cast<unsigned>(volume));
     kernel<<<grid, config.threads(), shared_bytes, stream>>>(
         map, tap_major, rows, volume, static_cast<const T*>(gathered), static_cast<const T*>(per_row), partial,
         a_channels, b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+}
+
+template <typename T, int BM, int BN, int WM, int WN, int kStages>
+void launch_weight_engine(const int32_t* map, const int32_t* tap_major, int64_t rows, int32_t volume,
+                          const void* gathered, const void* per_row, float* partial, int32_t a_channels,
+                          int32_t b_channels, int64_t slots, int64_t rows_per_slot, cudaStream_t stream) {
+    static std::atomic<uint64_t> raised{0};
+    launch_weight_kernel<T>(weight_engine_kernel<T, BM, BN, WM, WN, kStages>, WeightConfig{BM, BN, WM, WN, kStages},
+                            raised, map, tap_major, rows, volume, gathered, per_row, partial, a_channels, b_channels,
+                            slots, rows_per_slot, stream);
 }
 
 /// A warpgroup configuration as a WeightKernel (16-bit types only: engine_weight_gradient takes no
@@ -501,18 +512,10 @@ void launch_weight_warpgroup(const int32_t* map, const int32_t* tap_major, int64
                              const void* gathered, const void* per_row, float* partial, int32_t a_channels,
                              int32_t b_channels, int64_t slots, int64_t rows_per_slot, cudaStream_t stream) {
     if constexpr (sizeof(T) == 2) {
-        auto* kernel = weight_warpgroup_kernel<T, BM, BN, kStages>;
-        constexpr WeightConfig config{BM, BN, 64, BN, kStages, true};
-        const size_t shared_bytes = config.shared_bytes(2);
         static std::atomic<uint64_t> raised{0};
-        raise_shared_memory_limit(kernel, shared_bytes, raised);
-        const int64_t tiles_m = (a_channels + BM - 1) / BM, tiles_n = (b_channels + BN - 1) / BN;
-        const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots),
-                        static_cast<unsigned>(volume));
-        kernel<<<grid, config.threads(), shared_bytes, stream>>>(
-            map, tap_major, rows, volume, static_cast<const T*>(gathered), static_cast<const T*>(per_row), partial,
-            a_channels, b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+        launch_weight_kernel<T>(weight_warpgroup_kernel<T, BM, BN, kStages>,
+                                WeightConfig{BM, BN, 64, BN, kStages, true}, raised, map, tap_major, rows, volume,
+                                gathered, per_row, partial, a_channels, b_channels, slots, rows_per_slot, stream);
     } else {
         (void)map, (void)tap_major, (void)rows, (void)volume, (void)gathered, (void)per_row, (void)partial;
         (void)a_channels, (void)b_channels, (void)slots, (void)rows_per_slot, (void)stream;
@@ -617,20 +620,11 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     };
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
-        // The tuner's candidates: every configuration that can run here.
-        std::vector<int> candidates;
-        std::vector<std::string> names;
-        for (int i = 0; i < kWeightConfigCount; ++i) {
-            if (kWeightConfigs[i].warpgroup && !warpgroup_ok) continue;
-            candidates.push_back(i);
-            names.push_back(kWeightConfigs[i].name());
-        }
         const EngineShape shape{"weight",    engine_dtype_name<T>(), a_channels, b_channels,
                                 args.volume, floor_log2(args.rows)};
-        const TunedConfiguration tuned = tuned_configuration(
-            shape, names, [&](int i) { launch(candidates[static_cast<size_t>(i)]); }, ctx);
+        const TunedConfiguration tuned = tune_among(kWeightConfigs, warpgroup_ok, shape, launch, ctx);
         if (tuned.ran) return true;
-        if (tuned.index != kEngineAutomatic) index = candidates[static_cast<size_t>(tuned.index)];
+        index = tuned.index;
     }
     if (index == kEngineAutomatic) index = automatic_weight_config(a_channels, b_channels, warpgroup_ok);
     launch(index);
