@@ -103,10 +103,8 @@ def main(argv=None):
     if not 0 <= args.teacher_forcing <= 1:
         raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     device = torch.device(vae.resolve_device(args.device))
-    autocast = None if args.autocast == "none" else getattr(torch, args.autocast)
-    if autocast is not None and device.type != "cuda":
-        raise SystemExit(f"--autocast {args.autocast} needs --device cuda (16-bit sparse convolutions run on CUDA "
-                         f"only), got --device {device.type}; --autocast none trains in float32")
+    precision = vae.autocast_choice(args.autocast, device.type)
+    autocast = getattr(torch, precision) if precision else None
 
     generator = torch.Generator().manual_seed(args.seed)
     shapes = [shape.to(device) for shape in sg.synthetic_shapes(args.shapes, args.resolution, args.seed)]

@@ -445,6 +445,16 @@ def resolve_device(name):
     return name
 
 
+def autocast_choice(name, device):
+    """--autocast `name` on device type `device`: None for "none", else the dtype's name (CUDA only)."""
+    if name == "none":
+        return None
+    if device != "cuda":
+        raise SystemExit(f"--autocast {name} needs --device cuda (16-bit sparse convolutions run on CUDA only), "
+                         f"got --device {device}; --autocast none trains in float32")
+    return name
+
+
 def check_resolution(resolution):
     step = 2 ** LEVELS
     if resolution < step or resolution % step != 0:
@@ -503,10 +513,7 @@ def parse_args(argv=None):
     if not 0 <= args.teacher_forcing <= 1:
         raise SystemExit(f"--teacher-forcing must be in [0, 1], got {args.teacher_forcing}")
     args.device = resolve_device(args.device)
-    args.autocast = None if args.autocast == "none" else args.autocast
-    if args.autocast and args.device != "cuda":
-        raise SystemExit(f"--autocast {args.autocast} needs --device cuda (16-bit sparse convolutions run on CUDA "
-                         f"only), got --device {args.device}; --autocast none trains in float32")
+    args.autocast = autocast_choice(args.autocast, args.device)
     if args.device == "cuda" and args.world_size > torch.cuda.device_count():
         raise SystemExit(f"--world-size {args.world_size} needs one GPU per process, torch sees "
                          f"{torch.cuda.device_count()}")
