@@ -45,7 +45,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def conv_block(cin, cout, kernel, stride):
-    return [snn.SparseConv3d(cin, cout, kernel, stride), snn.Features(nn.BatchNorm1d(cout)), snn.Features(nn.ELU())]
+    """Convolution, batch norm, ELU. The convolution has no bias: the batch norm right after it subtracts
+    the mean of every channel, a bias with it (as in torch.nn.Conv3d before BatchNorm3d in ResNets), and
+    on CUDA each bias is an addition, a cast under autocast and a reduction in the backward pass, queued
+    from the host at every step."""
+    return [snn.SparseConv3d(cin, cout, kernel, stride, bias=False), snn.Features(nn.BatchNorm1d(cout)),
+            snn.Features(nn.ELU())]
 
 
 class Encoder(nn.Module):
@@ -112,7 +117,8 @@ class Decoder(nn.Module):
         self.classify = nn.ModuleList()
         cin = channels[0]
         for c in channels:
-            self.up.append(nn.Sequential(snn.SparseConvTranspose3d(cin, c, 2, 2), snn.Features(nn.BatchNorm1d(c)),
+            self.up.append(nn.Sequential(snn.SparseConvTranspose3d(cin, c, 2, 2, bias=False),
+                                         snn.Features(nn.BatchNorm1d(c)),
                                          snn.Features(nn.ELU())))
             self.refine.append(nn.Sequential(*conv_block(c, c, 3, 1)))
             self.classify.append(snn.SparseConv3d(c, 1, 1))

@@ -302,14 +302,14 @@ if want wide && [ $have_layer = 1 ]; then
 fi
 if want vae && [ $have_layer = 1 ]; then
   step "vae b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/vae.py' --device cuda --batch 16 --resolution 64 \
-    ${SPARSEGRID_VAE_ARGS:---shapes 4096 --iterations 5000 --channels 32 64 128 256 --autocast bfloat16 --no-breakdown} --print-every 50 --output '$out/vae' \
+    ${SPARSEGRID_VAE_ARGS:---shapes 4096 --iterations 6500 --channels 32 64 128 256 --autocast bfloat16 --no-breakdown} --print-every 50 --output '$out/vae' \
     | tee '$out/vae.md'"
 fi
 
 if want completion && [ $have_layer = 1 ]; then
   # The completion example at the VAE's GPU scale: its held-out completions against their inputs.
   step "completion b16 r64" "${pyenv[@]}" bash -c "python3 '$root/examples/completion.py' --device cuda --batch 16 \
-    --resolution 64 ${SPARSEGRID_COMPLETION_ARGS:---shapes 4096 --iterations 5000 --channels 32 64 128 256 --autocast bfloat16 --no-breakdown} \
+    --resolution 64 ${SPARSEGRID_COMPLETION_ARGS:---shapes 4096 --iterations 6500 --channels 32 64 128 256 --autocast bfloat16 --no-breakdown} \
     --print-every 250 --output '$out/completion' | tee '$out/completion.md'"
 fi
 

@@ -7,7 +7,7 @@
 #   - builds the PyTorch layer (target sparsegrid_torch) in build/release against that torch, with the
 #     CUDA backend only when the run will use a GPU (then for the local GPU's architecture unless
 #     SPARSEGRID_CUDA_ARCHS says otherwise);
-#   - trains: on a GPU batch 16 at resolution 64, 5000 iterations over 4096 procedural shapes with
+#   - trains: on a GPU batch 16 at resolution 64, 6500 iterations over 4096 procedural shapes with
 #     channels 32/64/128/256 in bfloat16 autocast where the GPU supports bfloat16 (float32 elsewhere;
 #     progress lines without the per-call time split); on the CPU batch 8 at resolution 32, 500
 #     iterations (a few minutes on 2 cores).
@@ -63,7 +63,7 @@ if [ "$device" = cuda ]; then
   precision=none
   "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.get_device_capability()[0] >= 8 else 1)' 2>/dev/null &&
     precision=bfloat16
-  defaults=(--device cuda --batch 16 --resolution 64 --shapes 4096 --iterations 5000 --channels 32 64 128 256
+  defaults=(--device cuda --batch 16 --resolution 64 --shapes 4096 --iterations 6500 --channels 32 64 128 256
             --autocast "$precision" --no-breakdown --print-every 250)
 else
   defaults=(--device cpu --batch 8 --resolution 32 --shapes 64 --iterations 500 --print-every 50)
