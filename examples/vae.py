@@ -46,9 +46,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def conv_block(cin, cout, kernel, stride):
     """Convolution, batch norm, ELU. The convolution has no bias: the batch norm right after it subtracts
-    the mean of every channel, a bias with it (as in torch.nn.Conv3d before BatchNorm3d in ResNets), and
-    on CUDA each bias is an addition, a cast under autocast and a reduction in the backward pass, queued
-    from the host at every step."""
+    each channel's mean, and any bias with it (ResNets leave it out of torch.nn.Conv3d before BatchNorm3d
+    for the same reason), while on CUDA each bias would cost an addition, a cast under autocast and a
+    reduction in the backward pass, queued from the host at every step."""
     return [snn.SparseConv3d(cin, cout, kernel, stride, bias=False), snn.Features(nn.BatchNorm1d(cout)),
             snn.Features(nn.ELU())]
 
