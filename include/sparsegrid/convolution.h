@@ -88,6 +88,19 @@ public:
     void backward_weight(const void* input, const void* grad_output, void* grad_weight, int64_t in_channels,
                          int64_t out_channels, DType dtype, const Context& ctx) const;
 
+    /// Mixed precision, as autocast runs a layer whose parameters stay float32: float16 / bfloat16
+    /// features (`dtype`, CUDA) with float32 weights (`weight_dtype` DType::Float32). The weights are
+    /// rounded to `dtype` as the execution packs them, so forward and backward_input give bitwise the
+    /// results of converting the weights first; backward_weight writes a float32 grad_weight, its float32
+    /// sums as they are (rounded to `dtype` they are the 16-bit weight gradient). weight_dtype == dtype
+    /// is the plain execution; other pairs raise.
+    void forward(const void* input, const void* weight, void* output, int64_t in_channels, int64_t out_channels,
+                 DType dtype, DType weight_dtype, const Context& ctx) const;
+    void backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
+                        int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const;
+    void backward_weight(const void* input, const void* grad_output, void* grad_weight, int64_t in_channels,
+                         int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const;
+
 private:
     ConvolutionPlan() = default;
     /// Output-stationary execution over the map of slot `slot` of the shared maps (rows = `rows`, the
@@ -95,7 +108,7 @@ private:
     /// plan), so CUDA may run it over the other map, scattering each product to its one output row.
     void execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x, const void* weight,
                      bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
-                     const Context& ctx) const;
+                     DType weight_dtype, const Context& ctx) const;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
                                     MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
     /// make / make_transposed to the generated target, and to a given one (plans kept on the source).

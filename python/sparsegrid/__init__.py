@@ -424,7 +424,10 @@ class ConvolutionPlan:
     def execute(self, features, weight):
         """features [N_source, Cin], weight [Cout, Cin, K0, K1, K2] -> [N_target, Cout], differentiable.
         Both on the plan's device with one dtype: float32 or float64, or float16 / bfloat16 on CUDA
-        (accumulated in float32). Float32 on CUDA runs on TF32 tensor cores exactly when PyTorch allows
+        (accumulated in float32). float16 / bfloat16 features also take a float32 weight (as autocast
+        runs a layer): it is rounded to the features' dtype as it is packed, so the output and the
+        features' gradient are bitwise those of converting it first, and its gradient is float32 (the
+        float32 sums, not rounded to 16 bits). Float32 on CUDA runs on TF32 tensor cores exactly when PyTorch allows
         TF32 for its own float32 matrix products (torch.backends.cuda.matmul.allow_tf32, or
         torch.set_float32_matmul_precision("high")); off by default. No host synchronisation, forward or
         backward."""
@@ -456,7 +459,8 @@ class _Convolution(torch.autograd.Function):
         features, weight = ctx.saved_tensors
         grad_output = grad_output.contiguous()
         grad_features = ctx.handle.backward_input(grad_output, weight) if ctx.needs_input_grad[0] else None
-        grad_weight = ctx.handle.backward_weight(features, grad_output) if ctx.needs_input_grad[1] else None
+        grad_weight = (ctx.handle.backward_weight(features, grad_output, weight.dtype) if ctx.needs_input_grad[1]
+                       else None)
         return grad_features, grad_weight, None
 
 

@@ -81,7 +81,7 @@ if available:
     @torch.library.custom_op("sparsegrid::conv_weight_grad", mutates_args=())
     def conv_weight_grad(features: torch.Tensor, grad_output: torch.Tensor, weight: torch.Tensor,
                          key: torch.Tensor) -> torch.Tensor:
-        return _handle(key).backward_weight(features, grad_output.contiguous())
+        return _handle(key).backward_weight(features, grad_output.contiguous(), weight.dtype)
 
     @conv_weight_grad.register_fake
     def _(features, grad_output, weight, key):

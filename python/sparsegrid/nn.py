@@ -10,7 +10,9 @@ module.to(device); plans are built on the grid's device.
 Autocast as torch's own convolutions: inside torch.autocast("cuda", dtype=D) the convolution layers run
 in D (float16 or bfloat16) on CUDA features of float32, float16 or bfloat16, and return features of D;
 the parameters stay float32 and receive float32 gradients. float64 features, and CPU autocast (16-bit
-convolutions run on CUDA only), leave the features' dtype as it is.
+convolutions run on CUDA only), leave the features' dtype as it is. The float32 weights go to the 16-bit
+convolution uncast (it rounds them as it packs them, bitwise the cast) and get their gradients in float32
+straight from the float32 sums, which rounded to 16 bits are the gradients of a cast weight.
 """
 
 import math
@@ -76,6 +78,7 @@ def _plan(grid, kernel_size, stride, transposed, target=None, same_grid=False):
 
 
 _AUTOCAST_INPUTS = (torch.float32, torch.float16, torch.bfloat16)
+_HALF = (torch.float16, torch.bfloat16)
 
 
 def _cuda_autocast_dtype():
@@ -121,7 +124,11 @@ class _SparseConvBase(nn.Module):
             dtype = _cuda_autocast_dtype() or dtype
             if features.dtype != dtype:
                 features = features.to(dtype)
-        weight = self.weight if self.weight.dtype == dtype else self.weight.to(dtype)
+        # A float32 weight goes to 16-bit executions as it is: the plan rounds it as it packs it (bitwise
+        # the cast) and returns its gradient in float32, without a cast and its autograd node per layer.
+        weight = self.weight
+        if weight.dtype != dtype and not (weight.dtype == torch.float32 and dtype in _HALF):
+            weight = weight.to(dtype)
         out = plan.execute(features, weight)
         if self.bias is not None:
             out = out + (self.bias if self.bias.dtype == dtype else self.bias.to(dtype))

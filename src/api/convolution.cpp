@@ -113,6 +113,20 @@ void check_pointer(const char* op, const char* name, const void* data, int64_t r
         throw_error(op, ": ", name, " is null but must hold ", rows, " x ", columns, " values");
 }
 
+const char* dtype_name(DType dtype) {
+    switch (dtype) {
+    case DType::Float32:
+        return "float32";
+    case DType::Float64:
+        return "float64";
+    case DType::Float16:
+        return "float16";
+    case DType::BFloat16:
+        return "bfloat16";
+    }
+    return "an invalid dtype";
+}
+
 void check_dtype(const char* op, DType dtype, Device device) {
     const int value = static_cast<int>(dtype);
     if (value < 0 || value > 3) throw_error(op, ": dtype has the invalid value ", value);
@@ -120,13 +134,19 @@ void check_dtype(const char* op, DType dtype, Device device) {
         throw_error(op, ": float16 and bfloat16 run on CUDA only; on the CPU use float32 or float64");
 }
 
-void check_execution(const char* op, int64_t in_channels, int64_t out_channels, DType dtype, const Context& ctx,
-                     Device plan_device) {
+void check_execution(const char* op, int64_t in_channels, int64_t out_channels, DType dtype, DType weight_dtype,
+                     const Context& ctx, Device plan_device) {
     check_channels(op, in_channels, out_channels);
     if (ctx.device != plan_device)
         throw_error(op, ": the context's device ", ctx.device.str(), " differs from the plan's device ",
                     plan_device.str());
     check_dtype(op, dtype, plan_device);
+    if (weight_dtype == dtype) return;
+    const int value = static_cast<int>(weight_dtype);
+    if (value < 0 || value > 3) throw_error(op, ": weight_dtype has the invalid value ", value);
+    if (weight_dtype != DType::Float32 || (dtype != DType::Float16 && dtype != DType::BFloat16))
+        throw_error(op, ": weight_dtype must be dtype (", dtype_name(dtype),
+                    ") or float32 with float16 / bfloat16 features, got ", dtype_name(weight_dtype));
 }
 
 std::shared_ptr<detail::PlanMaps> maps_of(KernelMap map) {
@@ -297,7 +317,7 @@ bool ConvolutionPlan::mirrored_maps() const {
 
 void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
                                   const void* weight, bool transpose_weight, void* out, int64_t x_channels,
-                                  int64_t out_channels, DType dtype, const Context& ctx) const {
+                                  int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const {
     detail::MapConvolution args;
     if (slot == 1 && mirrored_maps()) {
         slot = 0;
@@ -313,6 +333,7 @@ void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool s
     args.x_channels = x_channels;
     args.out_channels = out_channels;
     args.dtype = dtype;
+    args.weight_dtype = weight_dtype;
     if (m_maps && single_edge_rows && detail::wants_scatter(ctx.device)) {
         // Over the other map (rows = the input's), each product written to its one output row.
         const KernelMap& input_rows = m_maps->slot(1 - slot);
@@ -329,34 +350,50 @@ void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool s
 
 void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
                               int64_t out_channels, DType dtype, const Context& ctx) const {
+    forward(input, weight, output, in_channels, out_channels, dtype, dtype, ctx);
+}
+
+void ConvolutionPlan::forward(const void* input, const void* weight, void* output, int64_t in_channels,
+                              int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const {
     constexpr const char* op = "ConvolutionPlan::forward";
-    check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
+    check_execution(op, in_channels, out_channels, dtype, weight_dtype, ctx, m_target.device());
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
     // With K = S every fine voxel has at most one coarse neighbour: the target's rows when transposed.
     const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Transposed;
     execute_map(op, m_flipped ? 1 : 0, m_target.num_voxels(), single_edge_rows, input, weight, false, output,
-                in_channels, out_channels, dtype, ctx);
+                in_channels, out_channels, dtype, weight_dtype, ctx);
 }
 
 void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
                                      int64_t out_channels, DType dtype, const Context& ctx) const {
+    backward_input(grad_output, weight, grad_input, in_channels, out_channels, dtype, dtype, ctx);
+}
+
+void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
+                                     int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const {
     constexpr const char* op = "ConvolutionPlan::backward_input";
-    check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
+    check_execution(op, in_channels, out_channels, dtype, weight_dtype, ctx, m_target.device());
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
     const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Forward;
     execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), single_edge_rows, grad_output, weight, true, grad_input,
-                out_channels, in_channels, dtype, ctx);
+                out_channels, in_channels, dtype, weight_dtype, ctx);
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
                                       int64_t in_channels, int64_t out_channels, DType dtype,
                                       const Context& ctx) const {
+    backward_weight(input, grad_output, grad_weight, in_channels, out_channels, dtype, dtype, ctx);
+}
+
+void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
+                                      int64_t in_channels, int64_t out_channels, DType dtype, DType weight_dtype,
+                                      const Context& ctx) const {
     constexpr const char* op = "ConvolutionPlan::backward_weight";
-    check_execution(op, in_channels, out_channels, dtype, ctx, m_target.device());
+    check_execution(op, in_channels, out_channels, dtype, weight_dtype, ctx, m_target.device());
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "grad_weight", grad_weight, out_channels, in_channels * kernel_volume());
@@ -369,6 +406,7 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
     args.in_channels = in_channels;
     args.out_channels = out_channels;
     args.dtype = dtype;
+    args.grad_weight_dtype = weight_dtype;
     if (m_maps && !ctx.device.is_cpu() && m_source.num_voxels() < m_target.num_voxels()) {
         // CUDA runs over whichever map has fewer rows: every edge is in both, but its kernels scan each
         // row once per tap, so e.g. the generative k2s2 (8 fine rows of one edge per coarse row of 8)

@@ -48,6 +48,9 @@ struct MapConvolution {
     int64_t x_channels = 0;
     int64_t out_channels = 0;
     DType dtype = DType::Float32;
+    /// The weight's dtype: `dtype`, or Float32 with a Float16 / BFloat16 `dtype` (CUDA only), whose
+    /// weights are rounded to `dtype` as they are packed: the results of converting them first.
+    DType weight_dtype = DType::Float32;
 };
 
 /// grad_weight[co, ci, t] = sum_r grad[r, co] * x[map[r][t], ci] over a map with rows = target voxels,
@@ -68,6 +71,9 @@ struct MapWeightGradient {
     int64_t in_channels = 0;
     int64_t out_channels = 0;
     DType dtype = DType::Float32;
+    /// grad_weight's dtype: `dtype`, or Float32 with a Float16 / BFloat16 `dtype` (CUDA only): the
+    /// float32 sums as they are, which rounded to `dtype` are the 16-bit result.
+    DType grad_weight_dtype = DType::Float32;
 };
 
 // clang-format off

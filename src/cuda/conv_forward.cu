@@ -26,9 +26,10 @@ namespace sparsegrid::detail::cuda {
 namespace {
 
 /// packed[(t * x_channels + xi) * y_channels + yi] from weight[(co * in_channels + ci) * volume + t],
-/// with (xi, yi) = (ci, co), or (co, ci) when `transpose`.
-template <typename T, typename A>
-__global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__ packed, int32_t volume,
+/// with (xi, yi) = (ci, co), or (co, ci) when `transpose`; each entry rounded to T first when the weight
+/// is W = float for a 16-bit T.
+template <typename T, typename A, typename W>
+__global__ void pack_weight_kernel(const W* __restrict__ weight, A* __restrict__ packed, int32_t volume,
                                    int64_t in_channels, int64_t out_channels, bool transpose, bool reverse_taps) {
     const int64_t total = int64_t{volume} * in_channels * out_channels;
     SG_GRID_STRIDE_LOOP(n, total) {
@@ -41,7 +42,7 @@ __global__ void pack_weight_kernel(const T* __restrict__ weight, A* __restrict__
         const int64_t x_channels = transpose ? out_channels : in_channels;
         const int64_t y_channels = transpose ? in_channels : out_channels;
         const int64_t tap = reverse_taps ? volume - 1 - t : t;
-        packed[(tap * x_channels + xi) * y_channels + yi] = to_acc<A>(weight[n]);
+        packed[(tap * x_channels + xi) * y_channels + yi] = to_acc<A>(weight_in<T>(weight[n]));
     }
 }
 
@@ -341,6 +342,20 @@ void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
+/// pack_weight_kernel over args.weight (of args.weight_dtype) into `packed`.
+template <typename T, typename A>
+void pack_weight(const MapConvolution& args, A* packed, int64_t in_channels, int64_t out_channels,
+                 cudaStream_t stream) {
+    const int64_t total = int64_t{args.volume} * in_channels * out_channels;
+    with_weight_type<T>(args.weight_dtype, [&](auto weight_type) {
+        using W = typename decltype(weight_type)::type;
+        pack_weight_kernel<T, A, W><<<blocks_for(total), kThreads, 0, stream>>>(
+            static_cast<const W*>(args.weight), packed, args.volume, in_channels, out_channels, args.transpose_weight,
+            args.reverse_taps);
+    });
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+}
+
 }  // namespace
 
 template <typename T>
@@ -351,7 +366,6 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
     const int64_t rows = args.rows;
     const int32_t volume = args.volume;
     const T* x = static_cast<const T*>(args.x);
-    const T* weight = static_cast<const T*>(args.weight);
     const bool transpose_weight = args.transpose_weight;
     T* out = static_cast<T*>(args.out);
     const int64_t x_channels = args.x_channels;
@@ -372,9 +386,7 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
             if (engine_convolution<T>(args, ctx)) return;
             // Tensor cores: weights packed in T, float32 accumulators.
             Buffer<T> packed = Buffer<T>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
-            pack_weight_kernel<T, T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
-                weight, packed.data(), volume, in_channels, out_channels, transpose_weight, args.reverse_taps);
-            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            pack_weight<T, T>(args, packed.data(), in_channels, out_channels, stream);
             // 16-byte loads where rows of x and of the packed weights start 16-byte aligned.
             constexpr int kVector = 16 / static_cast<int>(sizeof(T));
             const bool vector_x = x_channels % kVector == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -394,9 +406,7 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
         }
     }
     Buffer<A> packed = Buffer<A>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
-    pack_weight_kernel<T, A><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
-        weight, packed.data(), volume, in_channels, out_channels, transpose_weight, args.reverse_taps);
-    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    pack_weight<T, A>(args, packed.data(), in_channels, out_channels, stream);
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);
     const A* w = packed.data();

@@ -89,9 +89,9 @@ constexpr int kEngineConfigCount = static_cast<int>(sizeof(kEngineConfigs) / siz
 /// packed[(t * y_channels + yi) * x_channels + xi] from weight[(co * in_channels + ci) * volume + t] with
 /// (xi, yi) = (ci, co), or (co, ci) when `transpose`: per tap, one row of x channels per output channel,
 /// the column-major B operand of the mma. With `reverse_taps`, packed tap t holds the weight's tap
-/// volume - 1 - t.
-template <typename T>
-__global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __restrict__ packed, int32_t volume,
+/// volume - 1 - t. A float weight W of a 16-bit T is rounded to T here.
+template <typename T, typename W>
+__global__ void pack_engine_weight_kernel(const W* __restrict__ weight, T* __restrict__ packed, int32_t volume,
                                           int64_t in_channels, int64_t out_channels, bool transpose,
                                           bool reverse_taps) {
     const int64_t total = int64_t{volume} * in_channels * out_channels;
@@ -105,7 +105,7 @@ __global__ void pack_engine_weight_kernel(const T* __restrict__ weight, T* __res
         const int64_t t = rest / y_channels;
         const int64_t ci = transpose ? yi : xi;
         const int64_t co = transpose ? xi : yi;
-        T value = weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)];
+        T value = weight_in<T>(weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)]);
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // TF32 runs from compute capability 8.0
         if constexpr (std::is_same_v<T, float>) {
             // Float packs only for TF32: rounded here once (the warpgroup kernels read the packed weights
@@ -470,9 +470,12 @@ Buffer<T> pack_engine_weight(const MapConvolution& args, const Context& ctx) {
     const int64_t out_channels = args.transpose_weight ? args.x_channels : args.out_channels;
     Buffer<T> packed = Buffer<T>::allocate(int64_t{args.volume} * args.x_channels * args.out_channels, ctx);
     const cudaStream_t stream = stream_of(ctx);
-    pack_engine_weight_kernel<T><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
-        static_cast<const T*>(args.weight), packed.data(), args.volume, in_channels, out_channels,
-        args.transpose_weight, args.reverse_taps);
+    with_weight_type<T>(args.weight_dtype, [&](auto weight_type) {
+        using W = typename decltype(weight_type)::type;
+        pack_engine_weight_kernel<T, W><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
+            static_cast<const W*>(args.weight), packed.data(), args.volume, in_channels, out_channels,
+            args.transpose_weight, args.reverse_taps);
+    });
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     return packed;
 }

@@ -212,6 +212,52 @@ __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t
     }
 }
 
+/// The final sum into the weight gradient's dtype: T, or float (`float_output`, for float16 / bfloat16
+/// T whose weights are float32) straight from the float partial sums, which rounded to T give the T
+/// output. On ctx's stream, no sync.
+template <typename T, typename A>
+void launch_reduce_weight_grad(const A* partial, int64_t chunks, int32_t volume, int64_t in_channels,
+                               int64_t out_channels, bool swapped, void* grad_weight, bool float_output,
+                               cudaStream_t stream) {
+    const int64_t total = int64_t{volume} * in_channels * out_channels;
+    if constexpr (std::is_same_v<A, float> && !std::is_same_v<T, float>) {
+        if (float_output) {
+            reduce_weight_grad_kernel<float, float><<<blocks_for(total), kThreads, 0, stream>>>(
+                partial, chunks, volume, in_channels, out_channels, swapped, static_cast<float*>(grad_weight));
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+            return;
+        }
+    }
+    reduce_weight_grad_kernel<T, A><<<blocks_for(total), kThreads, 0, stream>>>(
+        partial, chunks, volume, in_channels, out_channels, swapped, static_cast<T*>(grad_weight));
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+}
+
+/// A weight entry in T from the weight's dtype W: T itself, or float for float16 / bfloat16 T, rounded
+/// to nearest even as a conversion of the whole weight would round it.
+template <typename T, typename W>
+__device__ __forceinline__ T weight_in(W v) {
+    if constexpr (std::is_same_v<T, W>)
+        return v;
+    else
+        return from_acc<T, float>(v);
+}
+
+template <typename W>
+struct WeightType {
+    using type = W;
+};
+
+/// f(WeightType<W>{}) with W the weight's element type: float where `weight_dtype` is Float32 and T is
+/// float16 / bfloat16, T otherwise (the front end allows no other pairs).
+template <typename T, typename F>
+decltype(auto) with_weight_type(DType weight_dtype, F&& f) {
+    if constexpr (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) {
+        if (weight_dtype == DType::Float32) return f(WeightType<float>{});
+    }
+    return f(WeightType<T>{});
+}
+
 // ---- typed launchers (defined for float, double, __half and __nv_bfloat16) --------------------------
 
 /// map_convolution in T: packs the weights, picks the kernel and its tiles, launches it on ctx's stream.

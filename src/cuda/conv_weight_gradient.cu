@@ -227,7 +227,6 @@ void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx
     const bool rows_are_source = args.rows_are_source;
     const T* x = static_cast<const T*>(args.x);
     const T* grad = static_cast<const T*>(args.grad);
-    T* grad_weight = static_cast<T*>(args.grad_weight);
     const int64_t in_channels = args.in_channels;
     const int64_t out_channels = args.out_channels;
     const cudaStream_t stream = stream_of(ctx);
@@ -291,10 +290,8 @@ void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx
                 map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
-    const int64_t total = int64_t{volume} * in_channels * out_channels;
-    reduce_weight_grad_kernel<T, A><<<blocks_for(total), kThreads, 0, stream>>>(
-        partial.data(), chunks, volume, in_channels, out_channels, rows_are_source, grad_weight);
-    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    launch_reduce_weight_grad<T, A>(partial.data(), chunks, volume, in_channels, out_channels, rows_are_source,
+                                    args.grad_weight, args.grad_weight_dtype == DType::Float32, stream);
 }
 
 template void map_weight_gradient_typed<float>(const MapWeightGradient&, const Context&);

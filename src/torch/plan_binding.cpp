@@ -49,6 +49,17 @@ void ConvolutionPlanHolder::check_weight(const torch::Tensor& weight, int64_t in
     check_device(weight, plan.source_grid().device(), op, "weight");
 }
 
+sparsegrid::DType ConvolutionPlanHolder::weight_dtype_of(const torch::Tensor& weight, const torch::Tensor& features,
+                                                         const char* op, const char* name) const {
+    const c10::ScalarType dtype = features.scalar_type();
+    if (weight.scalar_type() == dtype) return dtype_of(features, op, name);
+    if (weight.scalar_type() == torch::kFloat32 && (dtype == torch::kFloat16 || dtype == torch::kBFloat16))
+        return sparsegrid::DType::Float32;
+    const bool half = dtype == torch::kFloat16 || dtype == torch::kBFloat16;
+    fail(op, ": weight must have the dtype of ", name, " (", c10::toString(dtype), ")", half ? " or be float32" : "",
+         ", got ", c10::toString(weight.scalar_type()));
+}
+
 void ConvolutionPlanHolder::check_features(const torch::Tensor& x, int64_t rows, const char* op,
                                            const char* name) const {
     if (x.dim() != 2) fail(op, ": ", name, " must have shape [N, C], got ", x.dim(), " dimensions");
@@ -71,14 +82,13 @@ torch::Tensor ConvolutionPlanHolder::forward(torch::Tensor input, torch::Tensor 
     const ConvolutionTimer timer;
     check_features(input, plan.source_grid().num_voxels(), op, "input");
     const sparsegrid::DType dtype = dtype_of(input, op, "input");
-    if (weight.scalar_type() != input.scalar_type())
-        fail(op, ": weight must have the dtype of input (", c10::toString(input.scalar_type()), "), got ",
-             c10::toString(weight.scalar_type()));
+    const sparsegrid::DType weight_dtype = weight_dtype_of(weight, input, op, "input");
     check_weight(weight, input.size(1), op);
     const torch::Tensor x = input.contiguous(), w = weight.contiguous();
     torch::Tensor out = torch::empty({plan.target_grid().num_voxels(), w.size(0)}, x.options());
     const CoreScope scope(plan.source_grid().context()), target_scope(plan.target_grid().context());
-    plan.forward(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.size(1), w.size(0), dtype, execution_context(dtype));
+    plan.forward(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.size(1), w.size(0), dtype, weight_dtype,
+                 execution_context(dtype));
     return out;
 }
 
@@ -87,21 +97,20 @@ torch::Tensor ConvolutionPlanHolder::backward_input(torch::Tensor grad_output, t
     const ConvolutionTimer timer;
     check_features(grad_output, plan.target_grid().num_voxels(), op, "grad_output");
     const sparsegrid::DType dtype = dtype_of(grad_output, op, "grad_output");
-    if (weight.scalar_type() != grad_output.scalar_type())
-        fail(op, ": weight must have the dtype of grad_output (", c10::toString(grad_output.scalar_type()), "), got ",
-             c10::toString(weight.scalar_type()));
+    const sparsegrid::DType weight_dtype = weight_dtype_of(weight, grad_output, op, "grad_output");
     check_weight(weight, weight.dim() == 5 ? weight.size(1) : 0, op);
     if (weight.size(0) != grad_output.size(1))
         fail(op, ": grad_output must have ", weight.size(0), " channels, got ", grad_output.size(1));
     const torch::Tensor g = grad_output.contiguous(), w = weight.contiguous();
     torch::Tensor out = torch::empty({plan.source_grid().num_voxels(), w.size(1)}, g.options());
     const CoreScope scope(plan.source_grid().context()), target_scope(plan.target_grid().context());
-    plan.backward_input(g.data_ptr(), w.data_ptr(), out.data_ptr(), w.size(1), w.size(0), dtype,
+    plan.backward_input(g.data_ptr(), w.data_ptr(), out.data_ptr(), w.size(1), w.size(0), dtype, weight_dtype,
                         execution_context(dtype));
     return out;
 }
 
-torch::Tensor ConvolutionPlanHolder::backward_weight(torch::Tensor input, torch::Tensor grad_output) const {
+torch::Tensor ConvolutionPlanHolder::backward_weight(torch::Tensor input, torch::Tensor grad_output,
+                                                     c10::optional<c10::ScalarType> dtype_wanted) const {
     constexpr const char* op = "ConvolutionPlan.backward_weight";
     const ConvolutionTimer timer;
     check_features(input, plan.source_grid().num_voxels(), op, "input");
@@ -110,11 +119,19 @@ torch::Tensor ConvolutionPlanHolder::backward_weight(torch::Tensor input, torch:
     if (grad_output.scalar_type() != input.scalar_type())
         fail(op, ": grad_output must have the dtype of input (", c10::toString(input.scalar_type()), "), got ",
              c10::toString(grad_output.scalar_type()));
+    const c10::ScalarType out_type = dtype_wanted.value_or(input.scalar_type());
+    sparsegrid::DType weight_dtype = dtype;
+    if (out_type != input.scalar_type()) {
+        if (out_type != torch::kFloat32 || (dtype != sparsegrid::DType::Float16 && dtype != sparsegrid::DType::BFloat16))
+            fail(op, ": dtype must be the dtype of input (", c10::toString(input.scalar_type()),
+                 "), or float32 with float16 / bfloat16 input, got ", c10::toString(out_type));
+        weight_dtype = sparsegrid::DType::Float32;
+    }
     const torch::Tensor x = input.contiguous(), g = grad_output.contiguous();
     const Vec3i& k = plan.kernel_size();
-    torch::Tensor out = torch::empty({g.size(1), x.size(1), k[0], k[1], k[2]}, x.options());
+    torch::Tensor out = torch::empty({g.size(1), x.size(1), k[0], k[1], k[2]}, x.options().dtype(out_type));
     const CoreScope scope(plan.source_grid().context()), target_scope(plan.target_grid().context());
-    plan.backward_weight(x.data_ptr(), g.data_ptr(), out.data_ptr(), x.size(1), g.size(1), dtype,
+    plan.backward_weight(x.data_ptr(), g.data_ptr(), out.data_ptr(), x.size(1), g.size(1), dtype, weight_dtype,
                          execution_context(dtype));
     return out;
 }
@@ -140,7 +157,8 @@ public:
         const torch::Tensor grad_output = grads[0].contiguous();
         torch::Tensor grad_features, grad_weight;
         if (ctx->needs_input_grad(0)) grad_features = plan->backward_input(grad_output, saved[1]);
-        if (ctx->needs_input_grad(1)) grad_weight = plan->backward_weight(saved[0], grad_output);
+        if (ctx->needs_input_grad(1))
+            grad_weight = plan->backward_weight(saved[0], grad_output, saved[1].scalar_type());
         return {grad_features, grad_weight, torch::Tensor()};
     }
 };

@@ -99,7 +99,8 @@ TORCH_LIBRARY(sparsegrid, m) {
         .def("target_map", &ConvolutionPlanHolder::target_map)
         .def("forward", &ConvolutionPlanHolder::forward)
         .def("backward_input", &ConvolutionPlanHolder::backward_input)
-        .def("backward_weight", &ConvolutionPlanHolder::backward_weight);
+        .def("backward_weight", &ConvolutionPlanHolder::backward_weight, "",
+             {torch::arg("input"), torch::arg("grad_output"), torch::arg("dtype") = c10::IValue()});
     // After the classes: the schema of sparse_conv names ConvolutionPlan.
     m.def("sparse_conv", &sparse_conv);
     m.def("convolution_seconds", [] { return convolution_seconds(); });

@@ -524,6 +524,78 @@ TEST_F(ConvolutionCuda, TunedExecutionsEqualUntunedOnesAndTheChoicesPersist) {
     std::remove(file.c_str());
 }
 
+struct MixedResults {
+    std::vector<uint16_t> y, gx;
+    std::vector<float> gw;
+};
+
+/// execute() with 16-bit features (bits) and float32 weights: the weight gradient in float32.
+MixedResults execute_mixed(const ConvolutionPlan& plan, const std::vector<uint16_t>& x, const std::vector<float>& w,
+                           const std::vector<uint16_t>& g, int64_t cin, int64_t cout, DType dtype) {
+    const sparsegrid::Context& ctx = plan.target_grid().context();
+    const Buffer<uint16_t> dx = Buffer<uint16_t>::from_host(x, ctx), dg = Buffer<uint16_t>::from_host(g, ctx);
+    const Buffer<float> dw = Buffer<float>::from_host(w, ctx);
+    Buffer<uint16_t> y = Buffer<uint16_t>::allocate(plan.target_grid().num_voxels() * cout, ctx);
+    Buffer<uint16_t> gx = Buffer<uint16_t>::allocate(plan.source_grid().num_voxels() * cin, ctx);
+    Buffer<float> gw = Buffer<float>::allocate(static_cast<int64_t>(w.size()), ctx);
+    plan.forward(dx.data(), dw.data(), y.data(), cin, cout, dtype, DType::Float32, ctx);
+    plan.backward_input(dg.data(), dw.data(), gx.data(), cin, cout, dtype, DType::Float32, ctx);
+    plan.backward_weight(dx.data(), dg.data(), gw.data(), cin, cout, dtype, DType::Float32, ctx);
+    return {y.to_host(ctx.stream), gx.to_host(ctx.stream), gw.to_host(ctx.stream)};
+}
+
+TEST_F(ConvolutionCuda, Float32WeightsWith16BitFeaturesEqualRoundedWeights) {
+    // Autocast's layers: float16 / bfloat16 features with float32 weights. The output and the input
+    // gradient must be bitwise those of the weights rounded to 16 bits first, and the float32 weight
+    // gradient must round to the 16-bit one (it is the same float32 sum, unrounded), on the engine and
+    // on the tiled kernels (engine off; odd channel counts), gathering and scattering (K = S), and for
+    // the identity plan.
+    const AutomaticEngineConfiguration restore;
+    const auto members = random_batch(211, 4);
+    const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
+    const std::vector<ConvolutionPlan> plans{ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1}),
+                                             ConvolutionPlan::make(grid, {3, 3, 3}, {2, 2, 2}),
+                                             ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2}),
+                                             ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1})};
+    const std::vector<std::pair<int64_t, int64_t>> channels{{32, 48}, {3, 5}, {64, 64}};
+    Rng rng(211);
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    auto random_values = [&](int64_t count) {
+        std::vector<double> v(static_cast<size_t>(count));
+        for (double& value : v) value = uniform(rng);
+        return v;
+    };
+    for (const std::string configuration : {"auto", "off"})
+        for (const ConvolutionPlan& plan : plans)
+            for (const auto& [cin, cout] : channels)
+                for (const bool half : {true, false}) {
+                    SCOPED_TRACE(::testing::Message() << "configuration " << configuration << ", volume "
+                                                      << plan.kernel_volume() << ", cin " << cin << ", cout " << cout
+                                                      << (half ? ", float16" : ", bfloat16"));
+                    sparsegrid::set_convolution_engine_configuration(configuration);
+                    const DType dtype = half ? DType::Float16 : DType::BFloat16;
+                    const std::vector<uint16_t> x =
+                        encode16(random_values(plan.source_grid().num_voxels() * cin), half);
+                    const std::vector<uint16_t> g =
+                        encode16(random_values(plan.target_grid().num_voxels() * cout), half);
+                    const std::vector<float> w = cast<float>(random_values(cout * cin * plan.kernel_volume()));
+                    const MixedResults mixed = execute_mixed(plan, x, w, g, cin, cout, dtype);
+                    const Results<uint16_t> rounded = execute(plan, x, encode16(widen(w), half), g, cin, cout, dtype);
+                    EXPECT_EQ(mixed.y, rounded.y) << "forward";
+                    EXPECT_EQ(mixed.gx, rounded.gx) << "input gradient";
+                    EXPECT_EQ(encode16(widen(mixed.gw), half), rounded.gw) << "weight gradient";
+                    // The float32 gradient keeps what the 16-bit one rounds away.
+                    EXPECT_NE(widen(mixed.gw), decode16(rounded.gw, half)) << "weight gradient";
+                }
+    // Other pairs raise, naming the argument.
+    const ConvolutionPlan& plan = plans.front();
+    EXPECT_TRUE(throws_error(
+        [&] {
+            plan.forward(nullptr, nullptr, nullptr, 1, 1, DType::Float32, DType::Float16, grid.context());
+        },
+        "ConvolutionPlan::forward", {"weight_dtype", "float16"}));
+}
+
 TEST_F(ConvolutionCuda, EngineConfigurationNamesAreChecked) {
     const AutomaticEngineConfiguration restore;
     EXPECT_TRUE(throws_error([] { sparsegrid::set_convolution_engine_configuration("64x64"); },

@@ -470,14 +470,57 @@ def test_tensors_on_the_wrong_device_raise_clear_errors(cuda_device):
         snn.SparseFeatures(grid, x.cpu())
     with pytest.raises(RuntimeError, match="float16 and bfloat16 run on CUDA only"):
         sg.ConvolutionPlan.from_grid(cpu_grid, 3, 1).execute(x.cpu().half(), w.cpu().half())
-    with pytest.raises(RuntimeError, match="dtype of input"):
-        plan.execute(x.half(), w)
+    with pytest.raises(RuntimeError, match=r"dtype of input \(Half\) or be float32, got Double"):
+        plan.execute(x.half(), w.double())
+    with pytest.raises(RuntimeError, match=r"dtype of input \(Float\), got Half"):
+        plan.execute(x, w.half())
+    with pytest.raises(RuntimeError, match=r"dtype must be the dtype of input .*float32 with float16"):
+        plan._handle.backward_weight(x, torch.zeros(plan.target_grid.num_voxels, w.shape[0], device=cuda_device),
+                                     torch.float16)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_float32_weights_with_16_bit_features(dtype, cuda_device):
+    # execute (Python autograd) and the operator sparse_conv (C++ autograd) take a float32 weight with
+    # 16-bit features: the output and the features' gradient are bitwise those of the weight cast first,
+    # the weight's gradient is float32 and rounds to the cast weight's. Engine-sized and odd channels,
+    # gathering (k3s1, k3s2), scattering (the generative k2s2) and the identity plan.
+    torch.manual_seed(1)
+    grid = sg.GridBatch.from_ijk(sg.synthetic_shapes(2, 24, seed=7), device=cuda_device)
+    plans = [(sg.ConvolutionPlan.from_grid(grid, 3, 1, grid), 3), (sg.ConvolutionPlan.from_grid(grid, 3, 2), 3),
+             (sg.ConvolutionPlan.from_grid_transposed(grid, 2, 2), 2),
+             (sg.ConvolutionPlan.from_grid(grid, 1, 1, grid), 1)]
+    assert plans[-1][0].is_identity
+    for plan, k in plans:
+        for cin, cout in ((32, 16), (3, 5)):
+            features = torch.randn(plan.source_grid.num_voxels, cin, device=cuda_device).to(dtype)
+            weight = torch.randn(cout, cin, k, k, k, device=cuda_device)
+            grad = torch.randn(plan.target_grid.num_voxels, cout, device=cuda_device).to(dtype)
+            results = []
+            for run in (plan.execute, lambda f, w: torch.ops.sparsegrid.sparse_conv(f, w, plan._handle)):
+                f = features.clone().requires_grad_(True)
+                w = weight.clone().requires_grad_(True)
+                out = run(f, w)
+                out.backward(grad)
+                assert out.dtype == dtype and f.grad.dtype == dtype and w.grad.dtype == torch.float32
+                results.append((out, f.grad, w.grad))
+            f = features.clone().requires_grad_(True)
+            w = weight.to(dtype).requires_grad_(True)
+            out = plan.execute(f, w)
+            out.backward(grad)
+            for mixed in results:
+                assert torch.equal(mixed[0], out)
+                assert torch.equal(mixed[1], f.grad)
+                assert torch.equal(mixed[2].to(dtype), w.grad)
+                assert not torch.equal(mixed[2], w.grad.float())
+            assert torch.equal(results[0][2], results[1][2])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_convolution_layers_follow_cuda_autocast(dtype, cuda_device):
     # Inside torch.autocast("cuda") a layer runs in the autocast dtype: bitwise the layer on features and
-    # parameters cast by hand, with float32 parameter gradients equal to the hand-cast ones' widened.
+    # parameters cast by hand, with float32 parameter gradients (the bias's the hand-cast one widened, the
+    # weight's the float32 sum that the hand-cast one rounds).
     torch.manual_seed(0)
     grid = sg.GridBatch.from_ijk(sg.synthetic_shapes(2, 24, seed=5), device=cuda_device)
     layers = [snn.SparseConv3d(16, 32, 3), snn.SparseConvTranspose3d(16, 8, 2, stride=2)]
@@ -497,7 +540,9 @@ def test_convolution_layers_follow_cuda_autocast(dtype, cuda_device):
         by_hand = cast(snn.SparseFeatures(grid, features.to(dtype)))
         by_hand.features.backward(grad)
         assert torch.equal(by_autocast[0], by_hand.features)
-        assert torch.equal(by_autocast[1], cast.weight.grad.float())
+        # The float32 weight's gradient is the float32 sum that the cast weight's gradient rounds.
+        assert torch.equal(by_autocast[1].to(dtype), cast.weight.grad)
+        assert not torch.equal(by_autocast[1], cast.weight.grad.float())
         assert torch.equal(by_autocast[2], cast.bias.grad.float())
     # float64 features keep their dtype, as torch's autocast leaves float64 alone.
     layer = snn.SparseConv3d(16, 8, 3).to(cuda_device, torch.float64)
