@@ -1,14 +1,15 @@
 // `sparsegrid conv`: the convolution kernels on their own, without a framework around them. For a
 // submanifold k3s1 convolution (the batch's grid onto itself) and the generative k2s2 transposed
-// convolution from it, per channel count (in = out = C): plan construction (maps and execution order),
-// forward, input gradient and weight gradient, median of the timed runs on the device's stream. FLOP
-// counts are those of the edges (2 * edges * C * C per execution), so rates compare with a dense GEMM
-// of the same work.
+// convolution from it, per channel count (in = out = C): plan construction (maps and execution order, on
+// a fresh grid each time), forward, input gradient and weight gradient, median of the timed runs on the
+// device's stream, and the executions' host time (until the call returns). FLOP counts are those of the
+// edges (2 * edges * C * C per execution), so rates compare with a dense GEMM of the same work.
 #include "bench.h"
 
 #include <sparsegrid/convolution.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -25,19 +26,30 @@ using sparsegrid::ConvolutionPlan;
 using sparsegrid::DType;
 using sparsegrid::GridBatch;
 
-double median_ms(const Context& context, int warmup, int repeats, const std::function<void()>& run_once) {
-    for (int i = 0; i < warmup; ++i) run_once();
-    sparsegrid::synchronize(context);
-    sparsegrid::StreamTimer timer(context);
-    std::vector<double> samples;
-    for (int i = 0; i < repeats; ++i) {
-        timer.start();
-        run_once();
-        samples.push_back(timer.stop_ms());
-    }
+double median(std::vector<double> samples) {
     std::sort(samples.begin(), samples.end());
     const std::size_t n = samples.size();
     return n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+}
+
+/// Median ms of `repeats` runs on the device's stream after `warmup` runs; with `host_us`, also the
+/// median microseconds until run_once() returned (on CUDA the host's time to queue the work, on the CPU
+/// the whole run).
+double median_ms(const Context& context, int warmup, int repeats, const std::function<void()>& run_once,
+                 double* host_us = nullptr) {
+    for (int i = 0; i < warmup; ++i) run_once();
+    sparsegrid::synchronize(context);
+    sparsegrid::StreamTimer timer(context);
+    std::vector<double> samples, host;
+    for (int i = 0; i < repeats; ++i) {
+        timer.start();
+        const auto begin = std::chrono::steady_clock::now();
+        run_once();
+        host.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - begin).count());
+        samples.push_back(timer.stop_ms());
+    }
+    if (host_us) *host_us = median(host);
+    return median(samples);
 }
 
 DType parse_dtype(const std::string& name) {
@@ -191,17 +203,25 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
     out << "batch:    " << description << ", " << grid.num_voxels() << " voxels\n"
         << "device:   " << context.device.str() << ", " << options.dtype << (options.tf32 ? " (TF32)" : "") << "\n"
         << "timing:   median of " << options.repeats << " runs after " << options.warmup
-        << " warm-up runs; plan = maps + execution order\n\n";
+        << " warm-up runs; plan = maps + execution order (the generative plan: its grid too) on a fresh grid;"
+        << " host us = until the call returned\n\n";
     if (options.engine_sweep) return engine_sweep(options, context, grid, layers, dtype, out);
     out << "| layer | C | target rows | edges | plan ms | forward ms | input grad ms | weight grad ms | "
-           "fwd+bwd ms | forward TFLOP/s | fwd+bwd TFLOP/s |\n"
-        << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+           "fwd+bwd ms | forward TFLOP/s | fwd+bwd TFLOP/s | host us fwd / in / w |\n"
+        << "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     std::mt19937_64 rng(options.seed);
     for (const Layer& layer : layers) {
+        // A plan is kept on its source grid (make() of the same plan finds it), so each timed
+        // construction gets a grid of its own, built beforehand from the same voxels.
+        std::vector<GridBatch> fresh;
+        for (int i = 0; i < options.warmup + options.repeats; ++i)
+            fresh.push_back(GridBatch::from_ijk(members, {}, context));
+        std::size_t next = 0;
         const double plan_ms = median_ms(context, options.warmup, options.repeats, [&] {
-            const ConvolutionPlan plan = layer.make(grid);
+            const ConvolutionPlan plan = layer.make(fresh[next++]);
             plan.prepare();
         });
+        fresh.clear();
         const ConvolutionPlan plan = layer.make(grid);
         plan.prepare();
         const int64_t edges = plan.target_map().num_edges();
@@ -215,20 +235,23 @@ int run_conv_bench(const BenchOptions& options, std::ostream& out) {
             const Buffer<uint8_t> gx = Buffer<uint8_t>::allocate(sources * c * sparsegrid::dtype_size(dtype), context);
             const Buffer<uint8_t> gw = Buffer<uint8_t>::allocate(c * c * volume * sparsegrid::dtype_size(dtype),
                                                                  context);
-            const double forward = median_ms(context, options.warmup, options.repeats,
-                                             [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype, context); });
-            const double input_grad = median_ms(context, options.warmup, options.repeats, [&] {
-                plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype, context);
-            });
-            const double weight_grad = median_ms(context, options.warmup, options.repeats, [&] {
-                plan.backward_weight(x.data(), g.data(), gw.data(), c, c, dtype, context);
-            });
+            double host[3] = {0.0, 0.0, 0.0};
+            const double forward = median_ms(
+                context, options.warmup, options.repeats,
+                [&] { plan.forward(x.data(), w.data(), y.data(), c, c, dtype, context); }, &host[0]);
+            const double input_grad = median_ms(
+                context, options.warmup, options.repeats,
+                [&] { plan.backward_input(g.data(), w.data(), gx.data(), c, c, dtype, context); }, &host[1]);
+            const double weight_grad = median_ms(
+                context, options.warmup, options.repeats,
+                [&] { plan.backward_weight(x.data(), g.data(), gw.data(), c, c, dtype, context); }, &host[2]);
             const double flops = 2.0 * static_cast<double>(edges) * static_cast<double>(c * c);
             const double total = forward + input_grad + weight_grad;
             out << "| " << layer.name << " | " << c << " | " << rows << " | " << edges << " | " << fixed(plan_ms, 3)
                 << " | " << fixed(forward, 3) << " | " << fixed(input_grad, 3) << " | " << fixed(weight_grad, 3)
                 << " | " << fixed(total, 3) << " | " << fixed(flops / forward / 1e9, 3) << " | "
-                << fixed(3.0 * flops / total / 1e9, 3) << " |\n";
+                << fixed(3.0 * flops / total / 1e9, 3) << " | " << fixed(host[0], 1) << " / " << fixed(host[1], 1)
+                << " / " << fixed(host[2], 1) << " |\n";
         }
     }
     return 0;
