@@ -214,7 +214,7 @@ __global__ void reduce_weight_grad_kernel(const A* __restrict__ partial, int64_t
 
 /// The final sum into the weight gradient's dtype: T, or float (`float_output`, for float16 / bfloat16
 /// T whose weights are float32) straight from the float partial sums, which rounded to T give the T
-/// output. On ctx's stream, no sync.
+/// output. On `stream`, no sync.
 template <typename T, typename A>
 void launch_reduce_weight_grad(const A* partial, int64_t chunks, int32_t volume, int64_t in_channels,
                                int64_t out_channels, bool swapped, void* grad_weight, bool float_output,

@@ -614,9 +614,9 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
             launchers[static_cast<size_t>(config)](args.map, args.tap_major, args.rows, args.volume, gathered, per_row,
                                                    partial.data(), static_cast<int32_t>(a_channels),
                                                    static_cast<int32_t>(b_channels), slots, rows_per_slot, stream);
-        launch_reduce_weight_grad<T, float>(partial.data(), slots, args.volume, args.in_channels,
-                                            args.out_channels, rows_are_source, args.grad_weight,
-                                            args.grad_weight_dtype == DType::Float32, stream);
+        launch_reduce_weight_grad<T, float>(partial.data(), slots, args.volume, args.in_channels, args.out_channels,
+                                            rows_are_source, args.grad_weight, args.grad_weight_dtype == DType::Float32,
+                                            stream);
     };
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
         const EngineShape shape{"weight",    engine_dtype_name<T>(), a_channels, b_channels,

@@ -122,7 +122,8 @@ torch::Tensor ConvolutionPlanHolder::backward_weight(torch::Tensor input, torch:
     const c10::ScalarType out_type = dtype_wanted.value_or(input.scalar_type());
     sparsegrid::DType weight_dtype = dtype;
     if (out_type != input.scalar_type()) {
-        if (out_type != torch::kFloat32 || (dtype != sparsegrid::DType::Float16 && dtype != sparsegrid::DType::BFloat16))
+        const bool half = dtype == sparsegrid::DType::Float16 || dtype == sparsegrid::DType::BFloat16;
+        if (out_type != torch::kFloat32 || !half)
             fail(op, ": dtype must be the dtype of input (", c10::toString(input.scalar_type()),
                  "), or float32 with float16 / bfloat16 input, got ", c10::toString(out_type));
         weight_dtype = sparsegrid::DType::Float32;

@@ -356,18 +356,18 @@ TEST(Convolution, BadArgumentsRaise) {
                              "ConvolutionPlan::forward", {"dtype", "9"}));
     // Float32 weights go with float16 / bfloat16 features only (which run on CUDA).
     const sparsegrid::Context& ctx = grid.context();
-    EXPECT_TRUE(throws_error(
-        [&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::Float64, DType::Float32, ctx); },
-        "ConvolutionPlan::forward", {"weight_dtype", "float64", "float32"}));
+    EXPECT_TRUE(
+        throws_error([&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::Float64, DType::Float32, ctx); },
+                     "ConvolutionPlan::forward", {"weight_dtype", "float64", "float32"}));
     EXPECT_TRUE(throws_error(
         [&] { plan.backward_input(y.data(), w.data(), x.data(), 2, 2, DType::Float32, DType::Float16, ctx); },
         "ConvolutionPlan::backward_input", {"weight_dtype", "float16"}));
     EXPECT_TRUE(throws_error(
         [&] { plan.backward_weight(x.data(), y.data(), w.data(), 2, 2, DType::Float32, DType::Float64, ctx); },
         "ConvolutionPlan::backward_weight", {"weight_dtype", "float64"}));
-    EXPECT_TRUE(throws_error(
-        [&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::BFloat16, DType::Float32, ctx); },
-        "ConvolutionPlan::forward", {"bfloat16", "CUDA only"}));
+    EXPECT_TRUE(
+        throws_error([&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::BFloat16, DType::Float32, ctx); },
+                     "ConvolutionPlan::forward", {"bfloat16", "CUDA only"}));
     EXPECT_TRUE(throws_error(
         [&] { plan.forward(x.data(), w.data(), y.data(), 2, 2, DType::Float32, static_cast<DType>(7), ctx); },
         "ConvolutionPlan::forward", {"weight_dtype", "7"}));

@@ -569,15 +569,15 @@ TEST_F(ConvolutionCuda, Float32WeightsWith16BitFeaturesEqualRoundedWeights) {
         for (const ConvolutionPlan& plan : plans)
             for (const auto& [cin, cout] : channels)
                 for (const bool half : {true, false}) {
-                    SCOPED_TRACE(::testing::Message() << "configuration " << configuration << ", volume "
-                                                      << plan.kernel_volume() << ", cin " << cin << ", cout " << cout
-                                                      << (half ? ", float16" : ", bfloat16"));
+                    SCOPED_TRACE(::testing::Message()
+                                 << "configuration " << configuration << ", volume " << plan.kernel_volume() << ", cin "
+                                 << cin << ", cout " << cout << (half ? ", float16" : ", bfloat16"));
                     sparsegrid::set_convolution_engine_configuration(configuration);
                     const DType dtype = half ? DType::Float16 : DType::BFloat16;
-                    const std::vector<uint16_t> x =
-                        encode16(random_values(plan.source_grid().num_voxels() * cin), half);
-                    const std::vector<uint16_t> g =
-                        encode16(random_values(plan.target_grid().num_voxels() * cout), half);
+                    const std::vector<uint16_t> x = encode16(random_values(plan.source_grid().num_voxels() * cin),
+                                                             half);
+                    const std::vector<uint16_t> g = encode16(random_values(plan.target_grid().num_voxels() * cout),
+                                                             half);
                     const std::vector<float> w = cast<float>(random_values(cout * cin * plan.kernel_volume()));
                     const MixedResults mixed = execute_mixed(plan, x, w, g, cin, cout, dtype);
                     const Results<uint16_t> rounded = execute(plan, x, encode16(widen(w), half), g, cin, cout, dtype);
@@ -590,9 +590,7 @@ TEST_F(ConvolutionCuda, Float32WeightsWith16BitFeaturesEqualRoundedWeights) {
     // Other pairs raise, naming the argument.
     const ConvolutionPlan& plan = plans.front();
     EXPECT_TRUE(throws_error(
-        [&] {
-            plan.forward(nullptr, nullptr, nullptr, 1, 1, DType::Float32, DType::Float16, grid.context());
-        },
+        [&] { plan.forward(nullptr, nullptr, nullptr, 1, 1, DType::Float32, DType::Float16, grid.context()); },
         "ConvolutionPlan::forward", {"weight_dtype", "float16"}));
 }
 
