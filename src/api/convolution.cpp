@@ -56,6 +56,10 @@ bool wants_scatter(Device device) {
 /// slot 1 rows = its source. Slot 1 is derived from slot 0 on first use (no lookups).
 struct PlanMaps {
     KernelMap rows_of_target;
+    /// Every row of slot 1 (rows = the source's) has an edge at every tap: the generated target of a
+    /// transposed plan with K = S, where each source voxel has all K^3 children. Its row order would be
+    /// the voxel order (a stable sort of equal tap sets), so it is not built.
+    bool complete_source_rows = false;
     mutable KernelMap rows_of_source;
     mutable std::once_flag source_built;
     mutable std::once_flag order_built[2];
@@ -71,6 +75,7 @@ struct PlanMaps {
 
     /// The row order of a slot's map (null: voxel order), built on first use on `ctx`'s stream.
     const int32_t* row_order(const char* op, int index, const Context& ctx) const {
+        if (index == 1 && complete_source_rows) return nullptr;
         const KernelMap& map = slot(index);
         if (!wants_row_order(ctx.device, map.num_target(), map.kernel_volume())) return nullptr;
         std::call_once(order_built[index], [&] {
@@ -226,8 +231,10 @@ ConvolutionPlan ConvolutionPlan::make_generating(const char* op, const GridBatch
         return assemble(source, GridBatch(kept->generated), kernel_size, stride, direction, kept->maps);
     GridAndMap built = direction == MapDirection::Forward ? detail::build_conv_grid_and_map(op, source, g)
                                                           : detail::build_conv_transpose_grid_and_map(op, source, g);
-    auto maps = keep_plan(source, kernel_size, stride, direction, kGenerated, &built.grid,
-                          maps_of(std::move(built.map)));
+    std::shared_ptr<detail::PlanMaps> made = maps_of(std::move(built.map));
+    // K = S transposed: output S*c + tap - pb is one-to-one in (c, tap), and the target holds every output.
+    made->complete_source_rows = direction == MapDirection::Transposed && kernel_size == stride;
+    auto maps = keep_plan(source, kernel_size, stride, direction, kGenerated, &built.grid, std::move(made));
     return assemble(source, std::move(built.grid), kernel_size, stride, direction, std::move(maps));
 }
 
