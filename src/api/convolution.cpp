@@ -26,7 +26,8 @@ namespace detail {
 constexpr int64_t kRowOrderMinRows = 4096;
 
 /// The smallest map that gets a row order: kRowOrderMinRows, or from SPARSEGRID_CONV_ORDER: "0" takes
-/// every map in voxel order, "1" orders every map (both for measurements and tests; results are equal).
+/// every map in voxel order, "1" orders maps of any size (both for measurements and tests; results are
+/// equal).
 int64_t row_order_min_rows() {
     static const int64_t min_rows = [] {
         const std::string value = env_string("SPARSEGRID_CONV_ORDER");
