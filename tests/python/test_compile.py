@@ -69,6 +69,24 @@ def test_compiled_network_matches_eager(device):
             torch.testing.assert_close(compiled_grad, grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.skipif("cuda" not in DEVICES, reason="16-bit convolutions run on CUDA only")
+def test_compiled_network_under_autocast_matches_eager():
+    # Under autocast the layers pass their float32 weights to the bfloat16 operators uncast: the fake
+    # implementations must give the features' dtype to the output and the weight's to its gradient.
+    torch.manual_seed(0)
+    model = Net().to("cuda")
+    compiled = torch.compile(model, backend="aot_eager")
+    grid, features = _inputs("cuda", 6)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss, grads = _loss_and_grads(model, grid, features)
+        compiled_loss, compiled_grads = _loss_and_grads(compiled, grid, features)
+    assert all(grad.dtype == torch.float32 for grad in grads)
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-2, atol=1e-4)
+    for compiled_grad, grad in zip(compiled_grads, grads):
+        assert compiled_grad.dtype == grad.dtype
+        torch.testing.assert_close(compiled_grad, grad, rtol=2e-2, atol=1e-4)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compiled_convolution_traces_through_the_operator(device):
     grid, features = _inputs(device, 4)
