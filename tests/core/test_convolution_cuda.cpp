@@ -64,6 +64,14 @@ std::vector<double> random_eighths(Rng& rng, int64_t count) {
     return v;
 }
 
+/// Uniform values in [-1, 1]: most are not exact in 16 bits or TF32.
+std::vector<double> uniform_values(Rng& rng, int64_t count) {
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    std::vector<double> v(static_cast<size_t>(count));
+    for (double& value : v) value = uniform(rng);
+    return v;
+}
+
 template <typename T>
 std::vector<T> cast(const std::vector<double>& v) {
     return std::vector<T>(v.begin(), v.end());
@@ -393,12 +401,6 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
                                              ConvolutionPlan::make(grid, grid, {3, 2, 1}, {1, 1, 1})};
     const std::vector<std::pair<int64_t, int64_t>> channels{{32, 32}, {64, 64}, {24, 136}, {136, 40}, {8, 264}};
     Rng rng(123);
-    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-    auto random_values = [&](int64_t count) {
-        std::vector<double> v(static_cast<size_t>(count));
-        for (double& value : v) value = uniform(rng);
-        return v;
-    };
     for (const ConvolutionPlan& plan : plans)
         for (const auto& [cin, cout] : channels) {
             const int64_t volume = plan.kernel_volume();
@@ -406,8 +408,9 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
             const std::vector<double> x = random_eighths(rng, sources * cin),
                                       w = random_eighths(rng, cout * cin * volume),
                                       g = random_eighths(rng, targets * cout);
-            const std::vector<double> rx = random_values(sources * cin), rw = random_values(cout * cin * volume),
-                                      rg = random_values(targets * cout);
+            const std::vector<double> rx = uniform_values(rng, sources * cin),
+                                      rw = uniform_values(rng, cout * cin * volume),
+                                      rg = uniform_values(rng, targets * cout);
             sparsegrid::set_convolution_engine_configuration("off");
             const Results<float> exact = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
                                                  DType::Float32);
@@ -559,12 +562,6 @@ TEST_F(ConvolutionCuda, Float32WeightsWith16BitFeaturesEqualRoundedWeights) {
                                              ConvolutionPlan::make(grid, grid, {1, 1, 1}, {1, 1, 1})};
     const std::vector<std::pair<int64_t, int64_t>> channels{{32, 48}, {3, 5}, {64, 64}};
     Rng rng(211);
-    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-    auto random_values = [&](int64_t count) {
-        std::vector<double> v(static_cast<size_t>(count));
-        for (double& value : v) value = uniform(rng);
-        return v;
-    };
     for (const std::string configuration : {"auto", "off"})
         for (const ConvolutionPlan& plan : plans)
             for (const auto& [cin, cout] : channels)
@@ -574,11 +571,11 @@ TEST_F(ConvolutionCuda, Float32WeightsWith16BitFeaturesEqualRoundedWeights) {
                                  << cin << ", cout " << cout << (half ? ", float16" : ", bfloat16"));
                     sparsegrid::set_convolution_engine_configuration(configuration);
                     const DType dtype = half ? DType::Float16 : DType::BFloat16;
-                    const std::vector<uint16_t> x = encode16(random_values(plan.source_grid().num_voxels() * cin),
+                    const std::vector<uint16_t> x = encode16(uniform_values(rng, plan.source_grid().num_voxels() * cin),
                                                              half);
-                    const std::vector<uint16_t> g = encode16(random_values(plan.target_grid().num_voxels() * cout),
-                                                             half);
-                    const std::vector<float> w = cast<float>(random_values(cout * cin * plan.kernel_volume()));
+                    const std::vector<uint16_t> g = encode16(
+                        uniform_values(rng, plan.target_grid().num_voxels() * cout), half);
+                    const std::vector<float> w = cast<float>(uniform_values(rng, cout * cin * plan.kernel_volume()));
                     const MixedResults mixed = execute_mixed(plan, x, w, g, cin, cout, dtype);
                     const Results<uint16_t> rounded = execute(plan, x, encode16(widen(w), half), g, cin, cout, dtype);
                     EXPECT_EQ(mixed.y, rounded.y) << "forward";
