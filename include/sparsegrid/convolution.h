@@ -62,8 +62,8 @@ public:
 
     /// Builds now what executions otherwise build on first use: the source-rows map (except for a plan on
     /// one grid with stride 1 and odd kernel sizes, whose executions read the target rows' map with the
-    /// taps mirrored) and, on CUDA, the execution order of the maps (on the target grid's stream, or
-    /// `ctx`'s). Optional.
+    /// taps mirrored) and, on CUDA, the row orders the forward pass and the input gradient read (on the
+    /// target grid's stream, or `ctx`'s). Optional.
     void prepare() const;
     void prepare(const Context& ctx) const;
 

@@ -312,10 +312,17 @@ void ConvolutionPlan::prepare(const Context& ctx) const {
         throw_error(op, ": the context's device ", ctx.device.str(), " differs from the plan's device ",
                     m_target.device().str());
     if (!m_maps) return;
-    m_maps->row_order(op, 0, ctx);
-    if (mirrored_maps()) return;  // the second map is never needed
-    m_maps->slot(1);
-    m_maps->row_order(op, 1, ctx);
+    if (!mirrored_maps()) m_maps->slot(1);  // else the second map is never needed
+    // The row orders the forward pass and the input gradient read (as execute_map picks them): a
+    // scattering execution reads the other map's, and the order of a map no execution reads (the fine
+    // rows of a generative K = S plan, whose forward scatters over the coarse rows) is not built.
+    const auto build_order = [&](int slot, bool single_edge_rows) {
+        if (slot == 1 && mirrored_maps()) slot = 0;
+        if (single_edge_rows && detail::wants_scatter(ctx.device)) slot = 1 - slot;
+        m_maps->row_order(op, slot, ctx);
+    };
+    build_order(m_flipped ? 1 : 0, m_kernel_size == m_stride && m_direction == MapDirection::Transposed);
+    build_order(m_flipped ? 0 : 1, m_kernel_size == m_stride && m_direction == MapDirection::Forward);
 }
 
 bool ConvolutionPlan::mirrored_maps() const {
