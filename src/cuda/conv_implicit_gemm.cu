@@ -44,8 +44,8 @@ constexpr int kMaxEngineTaps = 64;
 
 /// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
 /// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
-/// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16 and bfloat16 gathering on compute
-/// capability 9.0 only) have BM = 128, 128-byte chunks and warpgroups of 64 x BN.
+/// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16, bfloat16 and TF32 gathering on compute
+/// capability 9.0 only) have BM = 128 or 256, 128-byte chunks and warpgroups of 64 x BN.
 struct EngineConfig {
     int bm, bn, row_bytes, wm, wn, stages;
     bool warpgroup = false;
@@ -57,7 +57,7 @@ struct EngineConfig {
     /// Dynamic shared memory: the stages, then the source table of `volume` taps (rows of bm + 4 entries:
     /// 16-byte aligned, and its stores from the map fall on 8 banks rather than one).
     size_t shared_bytes(int32_t volume) const {
-        if (warpgroup) return warpgroup_engine_shared_bytes(bn, stages, volume);
+        if (warpgroup) return warpgroup_engine_shared_bytes(bm, bn, stages, volume);
         return static_cast<size_t>(stages) * static_cast<size_t>(bm + bn) * static_cast<size_t>(row_bytes + 16) +
             static_cast<size_t>(volume) * static_cast<size_t>(bm + 4) * sizeof(int32_t);
     }
@@ -80,7 +80,7 @@ constexpr EngineConfig kEngineConfigs[] = {
 #define SPARSEGRID_CONFIG_ENTRY(BM, BN, RB, WM, WN, S) EngineConfig{BM, BN, RB, WM, WN, S},
     SPARSEGRID_CONV_ENGINE_CONFIGS(SPARSEGRID_CONFIG_ENTRY)
 #undef SPARSEGRID_CONFIG_ENTRY
-#define SPARSEGRID_WARPGROUP_ENTRY(BN, S) EngineConfig{128, BN, 128, 64, BN, S, true},
+#define SPARSEGRID_WARPGROUP_ENTRY(BM, BN, S) EngineConfig{BM, BN, 128, 64, BN, S, true},
         SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(SPARSEGRID_WARPGROUP_ENTRY)
 #undef SPARSEGRID_WARPGROUP_ENTRY
 };
@@ -349,21 +349,13 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-/// A warpgroup configuration as an EngineKernel (gathering only, in 16-bit types and TF32:
-/// engine_convolution takes no warpgroup configuration for the others).
-template <typename T, int BN, int kStages>
+/// A warpgroup configuration as an EngineKernel (float16, bfloat16 and TF32, gathering or scattering).
+template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                       const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
                       size_t shared_bytes, cudaStream_t stream) {
-    if constexpr (sizeof(T) == 2 || std::is_same_v<T, float>) {
-        if (!scatter) {
-            launch_warpgroup_engine<T, BN, kStages>(map, order, rows, volume, x, packed, out, x_channels, y_channels,
-                                                    shared_bytes, stream);
-            return;
-        }
-    }
-    throw_error("convolution engine: a warpgroup configuration was chosen for ", engine_dtype_name<T>(),
-                scatter ? " in scatter mode" : "", " (internal error)");
+    launch_warpgroup_engine<T, BM, BN, kStages>(map, order, rows, volume, x, packed, out, x_channels, y_channels,
+                                                scatter, shared_bytes, stream);
 }
 
 template <typename T>
@@ -372,7 +364,7 @@ constexpr std::array<EngineKernel, kEngineConfigCount> engine_launchers() {
 #define SPARSEGRID_LAUNCHER_ENTRY(BM, BN, RB, WM, WN, S) &launch_engine<T, BM, BN, RB, WM, WN, S>,
         SPARSEGRID_CONV_ENGINE_CONFIGS(SPARSEGRID_LAUNCHER_ENTRY)
 #undef SPARSEGRID_LAUNCHER_ENTRY
-#define SPARSEGRID_WARPGROUP_LAUNCHER(BN, S) &launch_warpgroup<T, BN, S>,
+#define SPARSEGRID_WARPGROUP_LAUNCHER(BM, BN, S) &launch_warpgroup<T, BM, BN, S>,
             SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(SPARSEGRID_WARPGROUP_LAUNCHER)
 #undef SPARSEGRID_WARPGROUP_LAUNCHER
     };
@@ -403,10 +395,10 @@ int config_index(int bm, int bn, int row_bytes, int stages) {
     return 0;  // unreachable for the names below (they are in the list)
 }
 
-int warpgroup_config_index(int bn, int stages) {
+int warpgroup_config_index(int bm, int bn, int stages) {
     for (int i = 0; i < kEngineConfigCount; ++i) {
         const EngineConfig& c = kEngineConfigs[i];
-        if (c.warpgroup && c.bn == bn && c.stages == stages) return i;
+        if (c.warpgroup && c.bm == bm && c.bn == bn && c.stages == stages) return i;
     }
     return 0;  // unreachable for the names below (they are in the list)
 }
@@ -419,7 +411,7 @@ int warpgroup_config_index(int bn, int stages) {
 /// 0.755). 128 x 32 tiles (4 warps) never led, even at 32 output channels. TF32 above 64 output channels
 /// over 27 taps or more, gathering: 64 x 128 tiles of 128-byte chunks (k3s1 C = 128: 0.610 against 0.662
 /// with 128 x 128 x 64 B / 4; over the 8 taps of k2s2 the latter still led, 0.360 against 0.375).
-/// Where the warpgroup kernels run (`warpgroup`: gathering on compute capability 9.0)
+/// Where the warpgroup kernels run (`warpgroup`: compute capability 9.0), gathering,
 /// they lead from rows of 128 bytes and 64 output channels (float16, forward / input gradient, ms):
 /// g128x64/4 up to 64 output channels (k3s1 C = 64: 0.093 / 0.090 against 0.118 / 0.118 with
 /// 128 x 64 x 128 B / 3; the k2s2 input gradient 0.078 against 0.085) and g128x128/3 above (k3s1
@@ -428,11 +420,17 @@ int warpgroup_config_index(int bn, int stages) {
 /// forward / input gradient, ms): g128x64/4 at C = 32 (0.115 / 0.113 against 0.127 / 0.128 with
 /// 128 x 64 x 128 B / 3) and C = 64 (0.196 / 0.197 against 0.222 / 0.223), g128x128/3 at C = 128 (0.438 /
 /// 0.438 against 0.609 / 0.607 with 64 x 128 x 128 B / 3; the k2s2 input gradient 0.242 against 0.359).
+/// In scatter mode (the k2s2 forward pass, ms) the warpgroup kernels lead only in TF32, from 64 output
+/// channels: g128x64/4 at C = 64 (0.209 against 0.219) and g128x128/4 at C = 128 (0.468 against 0.582
+/// with 128 x 128 x 64 B / 4); in float16 the mma.sync kernels stay ahead (C = 64: 0.153 against 0.200;
+/// C = 128: 0.324 against 0.370), each tap's products being waited for before they are written.
 int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter,
                      bool warpgroup) {
     const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
-    if (warpgroup && row_bytes >= 128 && y_channels >= (element_bytes == 4 ? 32 : 64))
-        return y_channels <= 64 ? warpgroup_config_index(64, 4) : warpgroup_config_index(128, 3);
+    if (warpgroup && scatter && element_bytes == 4 && row_bytes >= 128 && y_channels >= 64)
+        return y_channels <= 64 ? warpgroup_config_index(128, 64, 4) : warpgroup_config_index(128, 128, 4);
+    if (warpgroup && !scatter && row_bytes >= 128 && y_channels >= (element_bytes == 4 ? 32 : 64))
+        return y_channels <= 64 ? warpgroup_config_index(128, 64, 4) : warpgroup_config_index(128, 128, 3);
     if (y_channels <= 64) return row_bytes >= 128 ? config_index(128, 64, 128, 3) : config_index(128, 64, 64, 4);
     if (element_bytes == 4 && row_bytes >= 128 && volume >= 27 && !scatter) return config_index(64, 128, 128, 3);
     return config_index(128, 128, 64, 4);
@@ -504,9 +502,9 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
                                                static_cast<int32_t>(y_channels), args.scatter,
                                                kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
     };
-    // Warpgroup configurations: gathering (16-bit types and TF32) on a device that runs them; elsewhere a forced
-    // one gives way to the automatic choice (the same results: every configuration sums in one order).
-    const bool warpgroup_ok = !args.scatter && warpgroup_engine_available(ctx);
+    // Warpgroup configurations: on a device that runs them; elsewhere a forced one gives way to the
+    // automatic choice (the same results: every configuration sums in one order).
+    const bool warpgroup_ok = warpgroup_engine_available(ctx);
     if (index >= 0 && kEngineConfigs[index].warpgroup && !warpgroup_ok) index = kEngineAutomatic;
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
         const EngineShape shape{args.scatter ? "scatter" : "forward",

@@ -455,13 +455,15 @@ __device__ __forceinline__ int block_tap_table(const int32_t* __restrict__ map, 
 
 // ---- the warpgroup kernels (conv_warpgroup.cu) -----------------------------------------------------
 
-// X(BN, stages): the warpgroup (wgmma) configurations, 128 rows by BN output channels per block, k steps
-// of one tap and 128 bytes of a row (64 float16 / bfloat16 channels); named "g128x<BN>/<stages>".
+// X(BM, BN, stages): the warpgroup (wgmma) configurations, BM rows (a warpgroup per 64) by BN output
+// channels per block, k steps of one tap and 128 bytes of a row (64 float16 / bfloat16 channels, 32
+// float); named "g<BM>x<BN>/<stages>". (256-row blocks, which read each tap's weights once per 256 rows,
+// were slower in every case measured: docs/ENGINE_NOTES.md, item 4.)
 #define SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(X) \
-    X(128, 4)                                  \
-    X(128, 3)                                  \
-    X(64, 4)                                   \
-    X(64, 3)
+    X(128, 128, 4)                             \
+    X(128, 128, 3)                             \
+    X(128, 64, 4)                              \
+    X(128, 64, 3)
 
 /// Whether the warpgroup kernels can run on the context's device: this build has sm_90a code
 /// (SPARSEGRID_SM90A, set by the build when the CUDA architectures include 90a) and the device is of
@@ -469,13 +471,14 @@ __device__ __forceinline__ int block_tap_table(const int32_t* __restrict__ map, 
 bool warpgroup_engine_available(const Context& ctx);
 
 /// Dynamic shared memory of a warpgroup configuration over `volume` taps (with 1024 bytes to align it).
-size_t warpgroup_engine_shared_bytes(int bn, int stages, int32_t volume);
+size_t warpgroup_engine_shared_bytes(int bm, int bn, int stages, int32_t volume);
 
-/// The gathering forward pass (or input gradient) of configuration (BN, stages) in T (__half or
-/// __nv_bfloat16), with the arguments of the engine's other launchers (conv_implicit_gemm.cu).
-template <typename T, int BN, int kStages>
+/// The forward pass or input gradient (gathering, or in scatter mode) of configuration (BM, BN, stages)
+/// in T (__half, __nv_bfloat16, or float in TF32), with the arguments of the engine's other launchers
+/// (conv_implicit_gemm.cu).
+template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
-                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, size_t shared_bytes,
-                             cudaStream_t stream);
+                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                             size_t shared_bytes, cudaStream_t stream);
 
 }  // namespace sparsegrid::detail::cuda

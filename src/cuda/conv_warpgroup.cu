@@ -2,8 +2,8 @@
 // the gathering forward pass and input gradient of conv_implicit_gemm.cu for float16, bfloat16 and TF32,
 // with wgmma reading both operands from shared memory in place of ldmatrix + mma.sync.
 //
-// A block owns 128 output rows (in the map's row order) and BN output channels, in two warpgroups of 64
-// rows each. Its prologue is that of implicit_gemm_kernel: the rows' sources at every tap into a shared
+// A block owns BM output rows (in the map's row order; 128 or 256) and BN output channels, in BM / 64
+// warpgroups of 64 rows each. Its prologue is that of implicit_gemm_kernel: the rows' sources at every tap into a shared
 // table, and the list of taps any row has. Its k loop runs over (listed tap, chunk of 64 channels) steps;
 // each step's gathered input rows and the tap's packed weights arrive by cp.async (absent sources
 // zero-filled) into a stage of rows of 128 bytes in the 128-byte swizzle the tensor cores read (16-byte
@@ -13,6 +13,11 @@
 // in TF32), the order of the mma.sync kernels. In TF32 each thread rounds the input rows it copied once
 // they have landed, and the weights arrive rounded from their packing, as the mma.sync kernels round
 // both operands, so that the results stay bitwise theirs.
+//
+// Scatter mode (the fine side of a K = S plan, as in implicit_gemm_kernel): the block's rows are input
+// rows, the A operand their own features at every tap (with at most `stages` channel chunks copied once,
+// chunk c into the A area of stage c, and kept), and after each tap's last chunk the products are waited
+// for, written to each row's one output row at that tap, and cleared: the same sums in the same order.
 #include "backend/backend.h"
 #include "core/errors.h"
 #include "cuda/conv_mma.cuh"
@@ -31,11 +36,12 @@ namespace sparsegrid::detail::cuda {
 
 namespace {
 
-constexpr int kBlockRows = 128;  // BM: two warpgroups of 64 rows
-constexpr int kRowBytes = 128;   // one k step: 64 channels of one tap, one swizzled row
-constexpr int kBlockThreads = 256;
+constexpr int kRowBytes = 128;  // one k step: 64 channels of one tap, one swizzled row
 constexpr int kMaxTaps = 64;
-constexpr int kTableStride = kBlockRows + 4;  // as implicit_gemm_kernel's table
+/// A warpgroup (128 threads) per 64 rows of the block.
+constexpr int block_threads(int bm) { return 2 * bm; }
+/// The source table's rows: as implicit_gemm_kernel's, bm + 4 entries.
+constexpr int table_stride(int bm) { return bm + 4; }
 
 #ifdef SPARSEGRID_WARPGROUP_DEVICE
 /// The four floats of the 16 bytes at shared `address` rounded to TF32 (cvt.rna, as mma::Mma<float>).
@@ -53,16 +59,16 @@ __device__ __forceinline__ void round_to_tf32(uint32_t address) {
 }
 #endif
 
-template <typename T, int BN, int kStages>
-__global__ __launch_bounds__(kBlockThreads,
-                             2) void warpgroup_gemm_kernel(const int32_t* __restrict__ map,
-                                                           const int32_t* __restrict__ order, int64_t rows,
-                                                           int32_t volume, const T* __restrict__ x,
-                                                           const T* __restrict__ packed, T* __restrict__ out,
-                                                           int32_t x_channels, int32_t y_channels) {
+template <typename T, int kBlockRows, int BN, int kStages, bool kScatter>
+__global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 1) void warpgroup_gemm_kernel(
+    const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
+    const T* __restrict__ x, const T* __restrict__ packed, T* __restrict__ out, int32_t x_channels,
+    int32_t y_channels) {
 #ifndef SPARSEGRID_WARPGROUP_DEVICE
     __trap();  // never launched: warpgroup_engine_available() is false without sm_90a code
 #else
+    constexpr int kBlockThreads = block_threads(kBlockRows);
+    constexpr int kTableStride = table_stride(kBlockRows);
     constexpr int kElementsPerVector = 16 / static_cast<int>(sizeof(T));
     constexpr int kChunk = kRowBytes / static_cast<int>(sizeof(T));  // channels per k step
     constexpr int kVectors = kRowBytes / 16;                         // 16-byte copies per tile row
@@ -70,12 +76,12 @@ __global__ __launch_bounds__(kBlockThreads,
     constexpr int kStageBytes = (kBlockRows + BN) * kRowBytes;
     constexpr int kGroups = kBlockThreads / kVectors;
     constexpr int kRowsA = kBlockRows / kGroups;  // 4
-    constexpr int kRowsB = BN / kGroups;          // 4 or 2
+    constexpr int kRowsB = BN / kGroups;          // 4, 2 or 1
     constexpr int kAccumulators = BN / 2;
     // One group of products in flight while the next step's copies are issued needs a stage more.
     constexpr int kInFlight = kStages >= 4 ? 1 : 0;
     constexpr int kAhead = kStages - 1 - kInFlight;  // steps whose copies are issued ahead
-    static_assert(kRowsA == 4 && (kRowsB == 2 || kRowsB == 4), "sources load as one int4 vector");
+    static_assert(kRowsA == 4 && kRowsB >= 1 && BN % kGroups == 0, "sources load as one int4 vector");
     static_assert(kStageBytes % 1024 == 0 && kAhead >= 1, "1024-byte aligned stages, a step ahead");
 
     extern __shared__ __align__(1024) unsigned char shared[];
@@ -102,6 +108,11 @@ __global__ __launch_bounds__(kBlockThreads,
     // each at its swizzled place.
     const int group = tid / kVectors;
     const int v = tid % kVectors;
+    int64_t own_rows[kScatter ? kRowsA : 1];  // scatter: the A rows are the block's own rows
+    if constexpr (kScatter) {
+#pragma unroll
+        for (int c = 0; c < kRowsA; ++c) own_rows[c] = row_of[group * kRowsA + c];
+    }
     uint32_t a_copy[kRowsA], b_copy[kRowsB];
     bool b_row_valid[kRowsB];
 #pragma unroll
@@ -116,9 +127,15 @@ __global__ __launch_bounds__(kBlockThreads,
         b_row_valid[c] = n0 + n < y_channels;
     }
 
+    // Scatter mode with at most kStages chunks: chunk c of the block's own rows is copied once, by the
+    // c-th load (the first tap's), into the A area of stage c, and read from there at every tap. Rows
+    // without an edge at a tap then multiply their features instead of zeros, but those products are
+    // never written (their target is -1).
+    const bool resident_a = kScatter && chunks <= kStages;
     int load_tap = 0, load_chunk = 0, loaded = 0;
     auto load_next = [&](int stage) {
         if (loaded >= steps) return;
+        const bool copy_a = !resident_a || load_tap == 0;
         ++loaded;
         const int t = active[load_tap];
         const int k = load_chunk * kChunk + v * kElementsPerVector;
@@ -134,12 +151,19 @@ __global__ __launch_bounds__(kBlockThreads,
             const bool valid = b_row_valid[c] && k_valid;
             mma::copy16(at + b_copy[c], valid ? w + c * x_channels : packed, valid);
         }
+        if (!copy_a) return;
         const int4 q = *reinterpret_cast<const int4*>(table + t * kTableStride + group * kRowsA);
         const int32_t src[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int c = 0; c < kRowsA; ++c) {
-            const bool valid = src[c] >= 0 && k_valid;
-            mma::copy16(at + a_copy[c], x + (valid ? int64_t{src[c]} * x_channels + k : 0), valid);
+            bool present = src[c] >= 0;
+            int64_t row = src[c];
+            if constexpr (kScatter) {
+                present = resident_a ? own_rows[c] >= 0 : present;
+                row = own_rows[c];
+            }
+            const bool valid = present && k_valid;
+            mma::copy16(at + a_copy[c], x + (valid ? row * x_channels + k : 0), valid);
         }
     };
 
@@ -154,6 +178,23 @@ __global__ __launch_bounds__(kBlockThreads,
     }
     const int wg = warp / 4;  // this warp's warpgroup
     const uint32_t a_rows = static_cast<uint32_t>(wg * 64 * kRowBytes);
+    // Lane l of warp w of warpgroup g: rows 64 g + 16 w + l / 4 + 8 h, channels 8 j + 2 (l % 4) + e.
+    const int m_lane = wg * 64 + (warp % 4) * 16 + lane / 4;
+    // Writes the accumulators to the output rows row_at(m) of the block's rows m (none where negative).
+    auto write_rows = [&](auto row_at) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int64_t r = row_at(m_lane + 8 * h);
+            if (r < 0) continue;
+            T* row_out = out + r * y_channels + n0;
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+                const int n = 8 * j + 2 * (lane % 4);
+                if (n0 + n < y_channels) mma::store_pair(row_out + n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+        }
+    };
+    int tap_index = 0, chunk = 0;  // scatter: of the step being multiplied
     for (int step = 0; step < steps; ++step) {
         // This thread's copies of `step` have landed (kAhead - 1 later groups may still be in flight);
         // after the barrier every thread's have, and every warpgroup's products of step - 1 - kInFlight
@@ -162,16 +203,21 @@ __global__ __launch_bounds__(kBlockThreads,
         if constexpr (std::is_same_v<T, float>) {
             // TF32: this thread's rows of A rounded in place as the mma.sync kernels round them (the
             // tensor cores would drop the low bits); the packed weights were rounded when packed.
+            // A resident A area is rounded once, when its chunk arrives (the first tap's steps).
             const uint32_t at = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
+            if (!resident_a || step < chunks) {
 #pragma unroll
-            for (int c = 0; c < kRowsA; ++c) round_to_tf32(at + a_copy[c]);
+                for (int c = 0; c < kRowsA; ++c) round_to_tf32(at + a_copy[c]);
+            }
         }
         warpgroup::fence_async_shared();
         __syncthreads();
         load_next((step + kAhead) % kStages);
         mma::commit_copies();
         const uint32_t stage = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
-        const uint64_t a = warpgroup::tile_descriptor(stage + a_rows, 16, 1024);
+        // Resident: the A area of the stage that took this chunk's first load.
+        const uint32_t a_tile = resident_a ? base + static_cast<uint32_t>(chunk * kStageBytes) : stage;
+        const uint64_t a = warpgroup::tile_descriptor(a_tile + a_rows, 16, 1024);
         const uint64_t b = warpgroup::tile_descriptor(stage + kATileBytes, 16, 1024);
         warpgroup::fence();
         warpgroup::fence_accumulators(acc);
@@ -181,33 +227,33 @@ __global__ __launch_bounds__(kBlockThreads,
                                               b + static_cast<uint64_t>(2 * kk));
         warpgroup::commit();
         warpgroup::fence_accumulators(acc);
+        if constexpr (kScatter) {
+            if (++chunk == chunks) {
+                chunk = 0;
+                // The tap's products are complete: each goes to its row's one output row at this tap.
+                warpgroup::wait<0>();
+                warpgroup::fence_accumulators(acc);
+                const int32_t* targets = table + active[tap_index++] * kTableStride;
+                write_rows([&](int m) { return int64_t{targets[m]}; });
+#pragma unroll
+                for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+                continue;
+            }
+        }
         warpgroup::wait<kInFlight>();
     }
     warpgroup::wait<0>();
     warpgroup::fence_accumulators(acc);
     mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
-
-    // Lane l of warp w of warpgroup g: rows 64 g + 16 w + l / 4 + 8 h, channels 8 j + 2 (l % 4) + e.
-    const int m_lane = wg * 64 + (warp % 4) * 16 + lane / 4;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int64_t r = row_of[m_lane + 8 * h];
-        if (r < 0) continue;
-        T* row_out = out + r * y_channels + n0;
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
-            const int n = 8 * j + 2 * (lane % 4);
-            if (n0 + n < y_channels) mma::store_pair(row_out + n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-    }
+    if constexpr (!kScatter) write_rows([&](int m) { return row_of[m]; });
 #endif
 }
 
 }  // namespace
 
-size_t warpgroup_engine_shared_bytes(int bn, int stages, int32_t volume) {
-    return 1024 + static_cast<size_t>(stages) * static_cast<size_t>(kBlockRows + bn) * kRowBytes +
-        static_cast<size_t>(volume) * kTableStride * sizeof(int32_t);
+size_t warpgroup_engine_shared_bytes(int bm, int bn, int stages, int32_t volume) {
+    return 1024 + static_cast<size_t>(stages) * static_cast<size_t>(bm + bn) * kRowBytes +
+        static_cast<size_t>(volume) * static_cast<size_t>(table_stride(bm)) * sizeof(int32_t);
 }
 
 bool warpgroup_engine_available(const Context& ctx) {
@@ -222,28 +268,30 @@ bool warpgroup_engine_available(const Context& ctx) {
 #endif
 }
 
-template <typename T, int BN, int kStages>
+template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
-                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, size_t shared_bytes,
-                             cudaStream_t stream) {
-    auto* kernel = warpgroup_gemm_kernel<T, BN, kStages>;
-    static std::atomic<uint64_t> raised{0};
-    raise_shared_memory_limit(kernel, warpgroup_engine_shared_bytes(BN, kStages, kMaxTaps), raised);
-    const dim3 grid(static_cast<unsigned>((rows + kBlockRows - 1) / kBlockRows),
-                    static_cast<unsigned>((y_channels + BN - 1) / BN));
-    kernel<<<grid, kBlockThreads, shared_bytes, stream>>>(map, order, rows, volume, static_cast<const T*>(x),
-                                                          static_cast<const T*>(packed), static_cast<T*>(out),
-                                                          x_channels, y_channels);
+                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                             size_t shared_bytes, cudaStream_t stream) {
+    auto* kernel = scatter ? warpgroup_gemm_kernel<T, BM, BN, kStages, true>
+                           : warpgroup_gemm_kernel<T, BM, BN, kStages, false>;
+    static std::atomic<uint64_t> raised[2] = {0, 0};  // one per instantiation
+    raise_shared_memory_limit(kernel, warpgroup_engine_shared_bytes(BM, BN, kStages, kMaxTaps),
+                              raised[scatter ? 1 : 0]);
+    const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
+    kernel<<<grid, block_threads(BM), shared_bytes, stream>>>(map, order, rows, volume, static_cast<const T*>(x),
+                                                              static_cast<const T*>(packed), static_cast<T*>(out),
+                                                              x_channels, y_channels);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-#define SPARSEGRID_WARPGROUP_INSTANCE(T, BN, S)                                                                    \
-    template void launch_warpgroup_engine<T, BN, S>(const int32_t*, const int32_t*, int64_t, int32_t, const void*, \
-                                                    const void*, void*, int32_t, int32_t, size_t, cudaStream_t);
-#define SPARSEGRID_WARPGROUP_TYPES(BN, S)               \
-    SPARSEGRID_WARPGROUP_INSTANCE(__half, BN, S)        \
-    SPARSEGRID_WARPGROUP_INSTANCE(__nv_bfloat16, BN, S) \
-    SPARSEGRID_WARPGROUP_INSTANCE(float, BN, S)
+#define SPARSEGRID_WARPGROUP_INSTANCE(T, BM, BN, S)                                                                    \
+    template void launch_warpgroup_engine<T, BM, BN, S>(const int32_t*, const int32_t*, int64_t, int32_t, const void*, \
+                                                        const void*, void*, int32_t, int32_t, bool, size_t,            \
+                                                        cudaStream_t);
+#define SPARSEGRID_WARPGROUP_TYPES(BM, BN, S)               \
+    SPARSEGRID_WARPGROUP_INSTANCE(__half, BM, BN, S)        \
+    SPARSEGRID_WARPGROUP_INSTANCE(__nv_bfloat16, BM, BN, S) \
+    SPARSEGRID_WARPGROUP_INSTANCE(float, BM, BN, S)
 SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(SPARSEGRID_WARPGROUP_TYPES)
 #undef SPARSEGRID_WARPGROUP_TYPES
 #undef SPARSEGRID_WARPGROUP_INSTANCE
