@@ -45,7 +45,7 @@ constexpr int kMaxEngineTaps = 64;
 /// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
 /// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
 /// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16, bfloat16 and TF32 gathering on compute
-/// capability 9.0 only) have BM = 128 or 256, 128-byte chunks and warpgroups of 64 x BN.
+/// capability 9.0 only) have BM = 128 (the kernel takes 256 too), 128-byte chunks and warpgroups of 64 x BN.
 struct EngineConfig {
     int bm, bn, row_bytes, wm, wn, stages;
     bool warpgroup = false;
@@ -420,14 +420,15 @@ int warpgroup_config_index(int bm, int bn, int stages) {
 /// forward / input gradient, ms): g128x64/4 at C = 32 (0.115 / 0.113 against 0.127 / 0.128 with
 /// 128 x 64 x 128 B / 3) and C = 64 (0.196 / 0.197 against 0.222 / 0.223), g128x128/3 at C = 128 (0.438 /
 /// 0.438 against 0.609 / 0.607 with 64 x 128 x 128 B / 3; the k2s2 input gradient 0.242 against 0.359).
-/// In scatter mode (the k2s2 forward pass, ms) the warpgroup kernels lead only in TF32, from 64 output
-/// channels: g128x64/4 at C = 64 (0.209 against 0.219) and g128x128/4 at C = 128 (0.468 against 0.582
-/// with 128 x 128 x 64 B / 4); in float16 the mma.sync kernels stay ahead (C = 64: 0.153 against 0.200;
-/// C = 128: 0.324 against 0.370), each tap's products being waited for before they are written.
+/// In scatter mode (the k2s2 forward pass, ms) the warpgroup kernels lead only in TF32, from rows of 128
+/// bytes and 32 output channels: g128x64/4 at C = 32 (0.117 against 0.127) and C = 64 (0.209 against
+/// 0.219), g128x128/4 at C = 128 (0.468 against 0.582 with 128 x 128 x 64 B / 4); in float16 the mma.sync
+/// kernels stay ahead (C = 64: 0.153 against 0.200; C = 128: 0.324 against 0.370), each tap's products
+/// being waited for before they are written.
 int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter,
                      bool warpgroup) {
     const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
-    if (warpgroup && scatter && element_bytes == 4 && row_bytes >= 128 && y_channels >= 64)
+    if (warpgroup && scatter && element_bytes == 4 && row_bytes >= 128 && y_channels >= 32)
         return y_channels <= 64 ? warpgroup_config_index(128, 64, 4) : warpgroup_config_index(128, 128, 4);
     if (warpgroup && !scatter && row_bytes >= 128 && y_channels >= (element_bytes == 4 ? 32 : 64))
         return y_channels <= 64 ? warpgroup_config_index(128, 64, 4) : warpgroup_config_index(128, 128, 3);
