@@ -219,6 +219,25 @@ TEST(Convolution, PlansOnTheirSourceGrid) {
     }
 }
 
+TEST(Convolution, PreparedPlansMatchScatterOracle) {
+    // prepare() builds ahead what the executions would build on first use (the source rows' map unless
+    // mirrored, the row orders on CUDA): every kind of plan, prepared before its first execution (and
+    // prepared again after it), still matches the oracle.
+    Rng rng(4911);
+    const GridBatch grid = random_grid(4911, 4);
+    for (const auto& [k, s] : kConvCases) {
+        SCOPED_TRACE("K=" + str(k) + " S=" + str(s));
+        const ConvolutionPlan forward = ConvolutionPlan::make(grid, k, s);
+        for (const ConvolutionPlan& plan : {forward, forward.transposed(), ConvolutionPlan::make_transposed(grid, k, s),
+                                            ConvolutionPlan::make(grid, grid, k, {1, 1, 1})}) {
+            plan.prepare();
+            check_plan(plan, rng);
+            plan.prepare();
+            check_plan(plan, rng);
+        }
+    }
+}
+
 TEST(Convolution, PlansAreKeptOnTheirSourceGrid) {
     // make() of a plan already made from the same source returns its maps (and its generated target)
     // again; other kernel sizes, strides, directions and targets get their own; entries of given targets
