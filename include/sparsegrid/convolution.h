@@ -22,6 +22,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sparsegrid {
@@ -120,6 +121,12 @@ private:
     /// source voxels is the target rows' map with the taps mirrored (t -> volume - 1 - t), so it is never
     /// built; the passes that need it read the other map with the weight's taps mirrored.
     bool mirrored_maps() const;
+    /// The forward pass (input_gradient false) or the input gradient: the slot of the map whose rows are
+    /// its output rows, and whether each of those rows has at most one edge (the fine side of a K = S plan).
+    std::pair<int, bool> pass_map(bool input_gradient) const;
+    /// The slot whose map and row order an execution over slot `slot` reads: the first when the maps are
+    /// mirrored, and the other one when it scatters.
+    int read_slot(int slot, bool scatter) const;
 
     GridBatch m_source;
     GridBatch m_target;

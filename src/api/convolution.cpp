@@ -313,16 +313,13 @@ void ConvolutionPlan::prepare(const Context& ctx) const {
                     m_target.device().str());
     if (!m_maps) return;
     if (!mirrored_maps()) m_maps->slot(1);  // else the second map is never needed
-    // The row orders the forward pass and the input gradient read (as execute_map picks them): a
-    // scattering execution reads the other map's, and the order of a map no execution reads (the fine
-    // rows of a generative K = S plan, whose forward scatters over the coarse rows) is not built.
-    const auto build_order = [&](int slot, bool single_edge_rows) {
-        if (slot == 1 && mirrored_maps()) slot = 0;
-        if (single_edge_rows && detail::wants_scatter(ctx.device)) slot = 1 - slot;
-        m_maps->row_order(op, slot, ctx);
-    };
-    build_order(m_flipped ? 1 : 0, m_kernel_size == m_stride && m_direction == MapDirection::Transposed);
-    build_order(m_flipped ? 0 : 1, m_kernel_size == m_stride && m_direction == MapDirection::Forward);
+    // The row orders the forward pass and the input gradient read, as execute_map picks them (the order
+    // of a map no execution reads, such as the fine rows of a generative K = S plan, whose forward pass
+    // scatters over the coarse rows, is not built).
+    for (const bool input_gradient : {false, true}) {
+        const auto [slot, single_edge_rows] = pass_map(input_gradient);
+        m_maps->row_order(op, read_slot(slot, single_edge_rows && detail::wants_scatter(ctx.device)), ctx);
+    }
 }
 
 bool ConvolutionPlan::mirrored_maps() const {
@@ -330,14 +327,23 @@ bool ConvolutionPlan::mirrored_maps() const {
         m_kernel_size[0] % 2 == 1 && m_kernel_size[1] % 2 == 1 && m_kernel_size[2] % 2 == 1;
 }
 
+std::pair<int, bool> ConvolutionPlan::pass_map(bool input_gradient) const {
+    // With K = S every fine voxel has at most one coarse neighbour: the target's rows when transposed
+    // (forward pass), the source's when not (input gradient).
+    const MapDirection fine_rows = input_gradient ? MapDirection::Forward : MapDirection::Transposed;
+    return {m_flipped != input_gradient ? 1 : 0, m_kernel_size == m_stride && m_direction == fine_rows};
+}
+
+int ConvolutionPlan::read_slot(int slot, bool scatter) const {
+    if (slot == 1 && mirrored_maps()) slot = 0;
+    return scatter ? 1 - slot : slot;
+}
+
 void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
                                   const void* weight, bool transpose_weight, void* out, int64_t x_channels,
                                   int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const {
     detail::MapConvolution args;
-    if (slot == 1 && mirrored_maps()) {
-        slot = 0;
-        args.reverse_taps = true;
-    }
+    args.reverse_taps = slot == 1 && mirrored_maps();
     args.rows = rows;
     args.out_rows = rows;
     args.volume = m_maps ? kernel_volume() : 1;
@@ -349,16 +355,14 @@ void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool s
     args.out_channels = out_channels;
     args.dtype = dtype;
     args.weight_dtype = weight_dtype;
-    if (m_maps && single_edge_rows && detail::wants_scatter(ctx.device)) {
-        // Over the other map (rows = the input's), each product written to its one output row.
-        const KernelMap& input_rows = m_maps->slot(1 - slot);
-        args.map = input_rows.neighbour_map().data();
-        args.order = m_maps->row_order(op, 1 - slot, ctx);
-        args.rows = input_rows.num_target();
-        args.scatter = true;
-    } else if (m_maps) {
-        args.map = m_maps->slot(slot).neighbour_map().data();
-        args.order = m_maps->row_order(op, slot, ctx);
+    if (m_maps) {
+        // Scattering: over the other map (rows = the input's), each product written to its one output row.
+        args.scatter = single_edge_rows && detail::wants_scatter(ctx.device);
+        const int read = read_slot(slot, args.scatter);
+        const KernelMap& map = m_maps->slot(read);
+        args.map = map.neighbour_map().data();
+        args.order = m_maps->row_order(op, read, ctx);
+        if (args.scatter) args.rows = map.num_target();
     }
     on_backend(op, ctx.device, [&](auto backend) { backend.map_convolution(args, ctx); });
 }
@@ -375,10 +379,9 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
     check_pointer(op, "input", input, m_source.num_voxels(), in_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
-    // With K = S every fine voxel has at most one coarse neighbour: the target's rows when transposed.
-    const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Transposed;
-    execute_map(op, m_flipped ? 1 : 0, m_target.num_voxels(), single_edge_rows, input, weight, false, output,
-                in_channels, out_channels, dtype, weight_dtype, ctx);
+    const auto [slot, single_edge_rows] = pass_map(false);
+    execute_map(op, slot, m_target.num_voxels(), single_edge_rows, input, weight, false, output, in_channels,
+                out_channels, dtype, weight_dtype, ctx);
 }
 
 void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
@@ -393,9 +396,9 @@ void ConvolutionPlan::backward_input(const void* grad_output, const void* weight
     check_pointer(op, "grad_output", grad_output, m_target.num_voxels(), out_channels);
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
-    const bool single_edge_rows = m_kernel_size == m_stride && m_direction == MapDirection::Forward;
-    execute_map(op, m_flipped ? 0 : 1, m_source.num_voxels(), single_edge_rows, grad_output, weight, true, grad_input,
-                out_channels, in_channels, dtype, weight_dtype, ctx);
+    const auto [slot, single_edge_rows] = pass_map(true);
+    execute_map(op, slot, m_source.num_voxels(), single_edge_rows, grad_output, weight, true, grad_input, out_channels,
+                in_channels, dtype, weight_dtype, ctx);
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,
