@@ -241,18 +241,20 @@ if want passes && [ $have_layer = 1 ]; then
 fi
 if want profile; then
   # Nsight Compute on the engine's kernels (k3s1 and k2s2, C = 64 and 128, float16 unless
-  # SPARSEGRID_PROFILE_DTYPE says otherwise): the full section set of each launch as text (profile.txt),
+  # SPARSEGRID_PROFILE_DTYPE says otherwise, e.g. bfloat16 or tf32; SPARSEGRID_PROFILE_CHANNELS): the full section set of each launch as text (profile.txt),
   # each launch's warp stall reasons (profile_stalls.txt) and the SASS of the first launch with its
   # per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES limits the launches (12).
   profile_run() {
-    ncu --set full --import-source no --kernel-name regex:'implicit_gemm_kernel|weight_engine_kernel' \
+    local dtype_args=(--dtype "${SPARSEGRID_PROFILE_DTYPE:-float16}")
+    [ "${SPARSEGRID_PROFILE_DTYPE:-}" = tf32 ] && dtype_args=(--dtype float32 --tf32)
+    ncu --set full --import-source no --kernel-name regex:'implicit_gemm_kernel|warpgroup_gemm_kernel|weight_engine_kernel|weight_warpgroup_kernel' \
       --launch-count "${SPARSEGRID_PROFILE_LAUNCHES:-12}" -f -o "$out/engine" "$build/tools/sparsegrid" conv \
-      --device cuda --dtype "${SPARSEGRID_PROFILE_DTYPE:-float16}" --channels "${SPARSEGRID_PROFILE_CHANNELS:-64,128}" \
+      --device cuda "${dtype_args[@]}" --channels "${SPARSEGRID_PROFILE_CHANNELS:-64,128}" \
       --repeats 1 --warmup 0 --input "$root/data/reference_batch_r64.txt" --members 16 || return 1
     ncu -i "$out/engine.ncu-rep" --print-summary none >"$out/profile.txt" || return 1
     ncu -i "$out/engine.ncu-rep" --page raw --csv >"$out/profile_raw.csv" || return 1
     ncu -i "$out/engine.ncu-rep" --page source --print-source sass --launch-count 1 >"$out/profile_sass.txt" || true
-    grep -E '^  [a-z_]+.*(implicit_gemm|weight_engine)|Duration|Registers Per|Achieved Occupancy|Issued Instructions  |Warp Cycles Per Issued' \
+    grep -E '^  [a-z_]+.*(implicit_gemm|warpgroup_gemm|weight_engine|weight_warpgroup)|Duration|Registers Per|Achieved Occupancy|Issued Instructions  |Warp Cycles Per Issued' \
       "$out/profile.txt"
   }
   step "profile" profile_run

@@ -238,13 +238,9 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
         }
 #pragma unroll
         for (int c = 0; c < kRowsA; ++c) {
-            bool present = src[c] >= 0;
-            int64_t row = src[c];
-            if constexpr (kScatter) {
-                present = resident_a ? own_rows[c] >= 0 : present;
-                row = own_rows[c];
-            }
-            const bool valid = present && k_valid;
+            int64_t row;
+            const bool valid = a_row_source<kScatter>(src[c], kScatter ? own_rows[c] : int64_t{-1}, resident_a, k_valid,
+                                                      row);
             const T* from = x + (valid ? row * x_channels + k : 0);
             mma::copy16(a_stage + static_cast<uint32_t>(c * kPitch), from, valid);
         }

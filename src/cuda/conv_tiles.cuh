@@ -451,6 +451,21 @@ __device__ __forceinline__ int block_tap_table(const int32_t* __restrict__ map, 
     __syncthreads();
     return __popcll(taps);
 }
+
+/// The source of one A row of a k step in the gathering kernels: `source`, its row in the tap's table
+/// (-1 where absent), or in scatter mode the block's own row `own` (-1 past the rows; with the A rows
+/// resident, copied once, `own` decides presence, else the tap's table does). Returns whether the row is
+/// copied (present and `k_valid`) and sets `row` to it.
+template <bool kScatter>
+__device__ __forceinline__ bool a_row_source(int32_t source, int64_t own, bool resident_a, bool k_valid, int64_t& row) {
+    bool present = source >= 0;
+    row = source;
+    if constexpr (kScatter) {
+        present = resident_a ? own >= 0 : present;
+        row = own;
+    }
+    return present && k_valid;
+}
 #endif
 
 // ---- the warpgroup kernels (conv_warpgroup.cu) -----------------------------------------------------

@@ -156,13 +156,9 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         const int32_t src[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int c = 0; c < kRowsA; ++c) {
-            bool present = src[c] >= 0;
-            int64_t row = src[c];
-            if constexpr (kScatter) {
-                present = resident_a ? own_rows[c] >= 0 : present;
-                row = own_rows[c];
-            }
-            const bool valid = present && k_valid;
+            int64_t row;
+            const bool valid = a_row_source<kScatter>(src[c], kScatter ? own_rows[c] : int64_t{-1}, resident_a, k_valid,
+                                                      row);
             mma::copy16(at + a_copy[c], x + (valid ? row * x_channels + k : 0), valid);
         }
     };
