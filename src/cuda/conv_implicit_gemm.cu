@@ -45,7 +45,8 @@ constexpr int kMaxEngineTaps = 64;
 /// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
 /// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
 /// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16, bfloat16 and TF32 gathering on compute
-/// capability 9.0 only) have BM = 128 (the kernel takes 256 too), 128-byte chunks and warpgroups of 64 x BN.
+/// capability 9.0 only) have BM = 128 (the kernel takes 256 too), 128-byte chunks and warpgroups of 64 x BN,
+/// and read the weights packed as tiles (pack_engine_tiles_kernel).
 struct EngineConfig {
     int bm, bn, row_bytes, wm, wn, stages;
     bool warpgroup = false;
@@ -91,6 +92,24 @@ constexpr int kEngineConfigCount = static_cast<int>(sizeof(kEngineConfigs) / siz
 /// the column-major B operand of the mma. With `reverse_taps`, packed tap t holds the weight's tap
 /// volume - 1 - t. A float weight W of a 16-bit T is rounded to T here.
 template <typename T, typename W>
+__device__ __forceinline__ T packed_weight(const W* __restrict__ weight, int32_t volume, int64_t in_channels, int64_t t,
+                                           int64_t xi, int64_t yi, bool transpose, bool reverse_taps) {
+    const int64_t ci = transpose ? yi : xi;
+    const int64_t co = transpose ? xi : yi;
+    T value = weight_in<T>(weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)]);
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // TF32 runs from compute capability 8.0
+    if constexpr (std::is_same_v<T, float>) {
+        // Float packs only for TF32: rounded here once (the warpgroup kernels read the packed weights as
+        // they are; the mma.sync kernels' own rounding leaves a rounded value unchanged).
+        uint32_t bits = __float_as_uint(value);
+        mma::Mma<float>::prepare(bits);
+        value = __uint_as_float(bits);
+    }
+#endif
+    return value;
+}
+
+template <typename T, typename W>
 __global__ void pack_engine_weight_kernel(const W* __restrict__ weight, T* __restrict__ packed, int32_t volume,
                                           int64_t in_channels, int64_t out_channels, bool transpose,
                                           bool reverse_taps) {
@@ -101,21 +120,34 @@ __global__ void pack_engine_weight_kernel(const W* __restrict__ weight, T* __res
     SG_GRID_STRIDE_LOOP(n, total) {
         const int64_t xi = n % x_channels;
         const int64_t rest = n / x_channels;
-        const int64_t yi = rest % y_channels;
-        const int64_t t = rest / y_channels;
-        const int64_t ci = transpose ? yi : xi;
-        const int64_t co = transpose ? xi : yi;
-        T value = weight_in<T>(weight[(co * in_channels + ci) * volume + (reverse_taps ? volume - 1 - t : t)]);
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // TF32 runs from compute capability 8.0
-        if constexpr (std::is_same_v<T, float>) {
-            // Float packs only for TF32: rounded here once (the warpgroup kernels read the packed weights
-            // as they are; the mma.sync kernels' own rounding leaves a rounded value unchanged).
-            uint32_t bits = __float_as_uint(value);
-            mma::Mma<float>::prepare(bits);
-            value = __uint_as_float(bits);
-        }
-#endif
-        packed[n] = value;
+        packed[n] = packed_weight<T>(weight, volume, in_channels, rest / y_channels, xi, rest % y_channels, transpose,
+                                     reverse_taps);
+    }
+}
+
+/// The weights as the warpgroup kernels read them: per tap t and chunk c of 128 bytes of x channels,
+/// warpgroup_tile_rows(y_channels) rows of 128 bytes, row yi holding channels c * chunk .. of output yi
+/// with its 16-byte vector v at v ^ (yi % 8) (the 128-byte swizzle of their shared-memory tiles), so
+/// that a block's tile of BN rows is one contiguous copy. Zeros past the channels; `total` elements.
+template <typename T, typename W>
+__global__ void pack_engine_tiles_kernel(const W* __restrict__ weight, T* __restrict__ tiles, int64_t total,
+                                         int32_t volume, int64_t in_channels, int64_t out_channels, bool transpose,
+                                         bool reverse_taps) {
+    constexpr int64_t kChunk = 128 / static_cast<int64_t>(sizeof(T));
+    constexpr int64_t kPerVector = 16 / static_cast<int64_t>(sizeof(T));
+    const int64_t x_channels = transpose ? out_channels : in_channels;
+    const int64_t y_channels = transpose ? in_channels : out_channels;
+    const int64_t chunks = (x_channels + kChunk - 1) / kChunk;
+    const int64_t y_rows = warpgroup_tile_rows(y_channels);
+    SG_GRID_STRIDE_LOOP(n, total) {
+        const int64_t e = n % kChunk;
+        const int64_t yi = (n / kChunk) % y_rows;
+        const int64_t c = (n / kChunk / y_rows) % chunks;
+        const int64_t t = n / kChunk / y_rows / chunks;
+        const int64_t xi = c * kChunk + (((e / kPerVector) ^ (yi % 8)) * kPerVector) + e % kPerVector;
+        tiles[n] = xi < x_channels && yi < y_channels
+            ? packed_weight<T>(weight, volume, in_channels, t, xi, yi, transpose, reverse_taps)
+            : T{};
     }
 }
 
@@ -345,7 +377,8 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-/// A warpgroup configuration as an EngineKernel (float16, bfloat16 and TF32, gathering or scattering).
+/// A warpgroup configuration as an EngineKernel (float16, bfloat16 and TF32, gathering or scattering;
+/// `packed`: the weights packed as tiles).
 template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                       const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
@@ -459,17 +492,28 @@ int forced_engine_configuration() {
 
 namespace {
 
+/// The weights packed for the mma.sync kernels or, with `tiles`, as the warpgroup kernels' tiles.
 template <typename T>
-Buffer<T> pack_engine_weight(const MapConvolution& args, const Context& ctx) {
+Buffer<T> pack_engine_weight(const MapConvolution& args, bool tiles, const Context& ctx) {
     const int64_t in_channels = args.transpose_weight ? args.out_channels : args.x_channels;
     const int64_t out_channels = args.transpose_weight ? args.x_channels : args.out_channels;
-    Buffer<T> packed = Buffer<T>::allocate(int64_t{args.volume} * args.x_channels * args.out_channels, ctx);
+    constexpr int64_t kChunk = 128 / static_cast<int64_t>(sizeof(T));
+    const int64_t size = tiles ? int64_t{args.volume} * ((args.x_channels + kChunk - 1) / kChunk) *
+            warpgroup_tile_rows(args.out_channels) * kChunk
+                               : int64_t{args.volume} * args.x_channels * args.out_channels;
+    Buffer<T> packed = Buffer<T>::allocate(size, ctx);
     const cudaStream_t stream = stream_of(ctx);
     with_weight_type<T>(args.weight_dtype, [&](auto weight_type) {
         using W = typename decltype(weight_type)::type;
-        pack_engine_weight_kernel<T, W><<<blocks_for(packed.size()), kThreads, 0, stream>>>(
-            static_cast<const W*>(args.weight), packed.data(), args.volume, in_channels, out_channels,
-            args.transpose_weight, args.reverse_taps);
+        const W* weight = static_cast<const W*>(args.weight);
+        if (tiles)
+            pack_engine_tiles_kernel<T, W>
+                <<<blocks_for(size), kThreads, 0, stream>>>(weight, packed.data(), size, args.volume, in_channels,
+                                                            out_channels, args.transpose_weight, args.reverse_taps);
+        else
+            pack_engine_weight_kernel<T, W>
+                <<<blocks_for(size), kThreads, 0, stream>>>(weight, packed.data(), args.volume, in_channels,
+                                                            out_channels, args.transpose_weight, args.reverse_taps);
     });
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     return packed;
@@ -490,20 +534,30 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     if (x_channels > kMaxEngineChannels || y_channels > kMaxEngineChannels) return false;
     if (reinterpret_cast<uintptr_t>(args.x) % 16 != 0 || reinterpret_cast<uintptr_t>(args.out) % (2 * sizeof(T)) != 0)
         return false;
-    const Buffer<T> packed = pack_engine_weight<T>(args, ctx);
-    if (reinterpret_cast<uintptr_t>(packed.data()) % 16 != 0) return false;  // an allocator's odd alignment
+    // The weights in the layout of the configurations that run (both when tuning): the mma.sync kernels'
+    // (0) or the warpgroup kernels' tiles (1), each packed once. False for an allocator's odd alignment.
+    Buffer<T> packed[2];
+    bool packed_done[2] = {false, false};
+    auto prepare = [&](bool tiles) {
+        const int kind = tiles ? 1 : 0;
+        if (!packed_done[kind]) packed[kind] = pack_engine_weight<T>(args, tiles, ctx);
+        packed_done[kind] = true;
+        return reinterpret_cast<uintptr_t>(packed[kind].data()) % 16 == 0;
+    };
     static constexpr std::array<EngineKernel, kEngineConfigCount> launchers = engine_launchers<T>();
     auto launch = [&](int config) {
-        launchers[static_cast<size_t>(config)](args.map, args.order, args.rows, args.volume, args.x, packed.data(),
-                                               args.out, static_cast<int32_t>(x_channels),
-                                               static_cast<int32_t>(y_channels), args.scatter,
-                                               kEngineConfigs[config].shared_bytes(args.volume), stream_of(ctx));
+        launchers[static_cast<size_t>(config)](args.map, args.order, args.rows, args.volume, args.x,
+                                               packed[kEngineConfigs[config].warpgroup ? 1 : 0].data(), args.out,
+                                               static_cast<int32_t>(x_channels), static_cast<int32_t>(y_channels),
+                                               args.scatter, kEngineConfigs[config].shared_bytes(args.volume),
+                                               stream_of(ctx));
     };
     // Warpgroup configurations: on a device that runs them; elsewhere a forced one gives way to the
     // automatic choice (the same results: every configuration sums in one order).
     const bool warpgroup_ok = warpgroup_engine_available(ctx);
     if (index >= 0 && kEngineConfigs[index].warpgroup && !warpgroup_ok) index = kEngineAutomatic;
     if (index == kEngineAutomatic && !engine_tuning_idle()) {
+        if (!prepare(false) || (warpgroup_ok && !prepare(true))) return false;
         const EngineShape shape{args.scatter ? "scatter" : "forward",
                                 engine_dtype_name<T>(),
                                 x_channels,
@@ -516,6 +570,7 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     }
     if (index == kEngineAutomatic)
         index = automatic_config(x_channels, y_channels, sizeof(T), args.volume, args.scatter, warpgroup_ok);
+    if (!prepare(kEngineConfigs[index].warpgroup)) return false;
     launch(index);
     return true;
 }

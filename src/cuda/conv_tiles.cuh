@@ -473,12 +473,17 @@ __device__ __forceinline__ bool a_row_source(int32_t source, int64_t own, bool r
 // X(BM, BN, stages): the warpgroup (wgmma) configurations, BM rows (a warpgroup per 64) by BN output
 // channels per block, k steps of one tap and 128 bytes of a row (64 float16 / bfloat16 channels, 32
 // float); named "g<BM>x<BN>/<stages>". (256-row blocks, which read each tap's weights once per 256 rows,
-// were slower in every case measured: docs/ENGINE_NOTES.md, item 4.)
+// and pairs of 128-row blocks sharing each weight tile were slower in every case measured:
+// docs/ENGINE_NOTES.md, item 4.)
 #define SPARSEGRID_WARPGROUP_ENGINE_CONFIGS(X) \
     X(128, 128, 4)                             \
     X(128, 128, 3)                             \
     X(128, 64, 4)                              \
     X(128, 64, 3)
+
+/// The rows of output channels of the warpgroup kernels' packed weight tiles: a multiple of the widest
+/// block, so that every block's tile lies whole in the buffer (rows past the output channels are zeros).
+constexpr int64_t warpgroup_tile_rows(int64_t y_channels) { return (y_channels + 127) / 128 * 128; }
 
 /// Whether the warpgroup kernels can run on the context's device: this build has sm_90a code
 /// (SPARSEGRID_SM90A, set by the build when the CUDA architectures include 90a) and the device is of
@@ -490,10 +495,10 @@ size_t warpgroup_engine_shared_bytes(int bm, int bn, int stages, int32_t volume)
 
 /// The forward pass or input gradient (gathering, or in scatter mode) of configuration (BM, BN, stages)
 /// in T (__half, __nv_bfloat16, or float in TF32), with the arguments of the engine's other launchers
-/// (conv_implicit_gemm.cu).
+/// (conv_implicit_gemm.cu) but the weights packed as tiles (pack_engine_tiles_kernel there).
 template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
-                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                             const void* tiles, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
                              size_t shared_bytes, cudaStream_t stream);
 
 }  // namespace sparsegrid::detail::cuda

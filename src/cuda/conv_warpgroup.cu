@@ -5,8 +5,9 @@
 // A block owns BM output rows (in the map's row order; 128 or 256) and BN output channels, in BM / 64
 // warpgroups of 64 rows each. Its prologue is that of implicit_gemm_kernel: the rows' sources at every tap into a shared
 // table, and the list of taps any row has. Its k loop runs over (listed tap, chunk of 64 channels) steps;
-// each step's gathered input rows and the tap's packed weights arrive by cp.async (absent sources
-// zero-filled) into a stage of rows of 128 bytes in the 128-byte swizzle the tensor cores read (16-byte
+// each step's gathered input rows arrive by cp.async (absent sources zero-filled), and the tap's weights,
+// packed beforehand as tiles in the same layout, by one bulk copy counted on a transaction barrier of
+// the stage, into a stage of rows of 128 bytes in the 128-byte swizzle the tensor cores read (16-byte
 // vector v of row r at v ^ (r % 8)), `stages` deep, and each warpgroup multiplies them by four
 // m64nBNk16 wgmma (k8 in TF32: 32 channels per step), one group of them in flight while the next step
 // is prepared. Every output element is summed in the order (tap, channel) by 16 channels per product (8
@@ -62,8 +63,7 @@ __device__ __forceinline__ void round_to_tf32(uint32_t address) {
 template <typename T, int kBlockRows, int BN, int kStages, bool kScatter>
 __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 1) void warpgroup_gemm_kernel(
     const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
-    const T* __restrict__ x, const T* __restrict__ packed, T* __restrict__ out, int32_t x_channels,
-    int32_t y_channels) {
+    const T* __restrict__ x, const T* __restrict__ tiles, T* __restrict__ out, int32_t x_channels, int32_t y_channels) {
 #ifndef SPARSEGRID_WARPGROUP_DEVICE
     __trap();  // never launched: warpgroup_engine_available() is false without sm_90a code
 #else
@@ -73,15 +73,15 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     constexpr int kChunk = kRowBytes / static_cast<int>(sizeof(T));  // channels per k step
     constexpr int kVectors = kRowBytes / 16;                         // 16-byte copies per tile row
     constexpr int kATileBytes = kBlockRows * kRowBytes;
-    constexpr int kStageBytes = (kBlockRows + BN) * kRowBytes;
+    constexpr int kBTileBytes = BN * kRowBytes;
+    constexpr int kStageBytes = kATileBytes + kBTileBytes;
     constexpr int kGroups = kBlockThreads / kVectors;
     constexpr int kRowsA = kBlockRows / kGroups;  // 4
-    constexpr int kRowsB = BN / kGroups;          // 4, 2 or 1
     constexpr int kAccumulators = BN / 2;
     // One group of products in flight while the next step's copies are issued needs a stage more.
     constexpr int kInFlight = kStages >= 4 ? 1 : 0;
     constexpr int kAhead = kStages - 1 - kInFlight;  // steps whose copies are issued ahead
-    static_assert(kRowsA == 4 && kRowsB >= 1 && BN % kGroups == 0, "sources load as one int4 vector");
+    static_assert(kRowsA == 4, "sources load as one int4 vector");
     static_assert(kStageBytes % 1024 == 0 && kAhead >= 1, "1024-byte aligned stages, a step ahead");
 
     extern __shared__ __align__(1024) unsigned char shared[];
@@ -91,21 +91,28 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     __shared__ int64_t row_of[kBlockRows];
     __shared__ int32_t active[kMaxTaps];
     __shared__ unsigned long long tap_mask;
+    // b_landed[s]: stage s's weight tile has landed (one arrival and the tile's bytes per phase).
+    __shared__ __align__(8) uint64_t b_landed[kStages];
 
     const int tid = static_cast<int>(threadIdx.x);
     const int lane = tid % 32;
     const int warp = tid / 32;
     const int64_t row0 = int64_t{blockIdx.x} * kBlockRows;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
+    const uint32_t landed = mma::shared_address(b_landed);
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < kStages; ++s) warpgroup::barrier_init(landed + 8 * s, 1);
+        warpgroup::fence_barrier_init();
+    }
 
-    // The block's rows, their sources at every tap, and the taps any of them has.
+    // The block's rows, their sources at every tap, and the taps any of them has (barriers included).
     const int chunks = (x_channels + kChunk - 1) / kChunk;
     const int steps = block_tap_table<kBlockRows, kBlockThreads, kTableStride>(map, order, rows, volume, row0, row_of,
                                                                                table, active, tap_mask) *
         chunks;
 
-    // This thread's copies: 16-byte vector v of rows group * kRowsA + c of A and group * kRowsB + c of B,
-    // each at its swizzled place.
+    // This thread's copies: 16-byte vector v of rows group * kRowsA + c of A, each at its swizzled place.
     const int group = tid / kVectors;
     const int v = tid % kVectors;
     int64_t own_rows[kScatter ? kRowsA : 1];  // scatter: the A rows are the block's own rows
@@ -113,19 +120,16 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
 #pragma unroll
         for (int c = 0; c < kRowsA; ++c) own_rows[c] = row_of[group * kRowsA + c];
     }
-    uint32_t a_copy[kRowsA], b_copy[kRowsB];
-    bool b_row_valid[kRowsB];
+    uint32_t a_copy[kRowsA];
 #pragma unroll
     for (int c = 0; c < kRowsA; ++c) {
         const int m = group * kRowsA + c;
         a_copy[c] = static_cast<uint32_t>(m * kRowBytes + ((v ^ (m % 8)) * 16));
     }
-#pragma unroll
-    for (int c = 0; c < kRowsB; ++c) {
-        const int n = group * kRowsB + c;
-        b_copy[c] = static_cast<uint32_t>(kATileBytes + n * kRowBytes + ((v ^ (n % 8)) * 16));
-        b_row_valid[c] = n0 + n < y_channels;
-    }
+    // The weights of step (tap t, chunk c) for this block's output channels: BN rows of 128 bytes, packed
+    // in the swizzle (pack_engine_tiles_kernel), one contiguous tile.
+    const unsigned char* tile_source = reinterpret_cast<const unsigned char*>(tiles) + int64_t{n0} * kRowBytes;
+    const int64_t tile_stride = warpgroup_tile_rows(y_channels) * kRowBytes;
 
     // Scatter mode with at most kStages chunks: chunk c of the block's own rows is copied once, by the
     // c-th load (the first tap's), into the A area of stage c, and read from there at every tap. Rows
@@ -138,20 +142,21 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         const bool copy_a = !resident_a || load_tap == 0;
         ++loaded;
         const int t = active[load_tap];
+        const int chunk = load_chunk;
         const int k = load_chunk * kChunk + v * kElementsPerVector;
         if (++load_chunk == chunks) {
             load_chunk = 0;
             ++load_tap;
         }
-        const bool k_valid = k < x_channels;
         const uint32_t at = base + static_cast<uint32_t>(stage * kStageBytes);
-        const T* w = packed + (int64_t{t} * y_channels + n0 + group * kRowsB) * x_channels + k;
-#pragma unroll
-        for (int c = 0; c < kRowsB; ++c) {
-            const bool valid = b_row_valid[c] && k_valid;
-            mma::copy16(at + b_copy[c], valid ? w + c * x_channels : packed, valid);
+        if (tid == 0) {
+            const unsigned char* source = tile_source + (int64_t{t} * chunks + chunk) * tile_stride;
+            const uint32_t barrier = landed + 8 * static_cast<uint32_t>(stage);
+            warpgroup::barrier_expect(barrier, kBTileBytes);
+            warpgroup::bulk_copy(at + kATileBytes, source, kBTileBytes, barrier);
         }
         if (!copy_a) return;
+        const bool k_valid = k < x_channels;
         const int4 q = *reinterpret_cast<const int4*>(table + t * kTableStride + group * kRowsA);
         const int32_t src[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -215,6 +220,8 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         const uint32_t a_tile = resident_a ? base + static_cast<uint32_t>(chunk * kStageBytes) : stage;
         const uint64_t a = warpgroup::tile_descriptor(a_tile + a_rows, 16, 1024);
         const uint64_t b = warpgroup::tile_descriptor(stage + kATileBytes, 16, 1024);
+        warpgroup::barrier_wait(landed + 8 * static_cast<uint32_t>(step % kStages),
+                                static_cast<uint32_t>(step / kStages) & 1u);
         warpgroup::fence();
         warpgroup::fence_accumulators(acc);
 #pragma unroll
@@ -266,7 +273,7 @@ bool warpgroup_engine_available(const Context& ctx) {
 
 template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
-                             const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
+                             const void* tiles, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
                              size_t shared_bytes, cudaStream_t stream) {
     auto* kernel = scatter ? warpgroup_gemm_kernel<T, BM, BN, kStages, true>
                            : warpgroup_gemm_kernel<T, BM, BN, kStages, false>;
@@ -275,7 +282,7 @@ void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t r
                               raised[scatter ? 1 : 0]);
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     kernel<<<grid, block_threads(BM), shared_bytes, stream>>>(map, order, rows, volume, static_cast<const T*>(x),
-                                                              static_cast<const T*>(packed), static_cast<T*>(out),
+                                                              static_cast<const T*>(tiles), static_cast<T*>(out),
                                                               x_channels, y_channels);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }

@@ -41,6 +41,37 @@ __device__ __forceinline__ void wait() {
 /// Makes this thread's completed cp.async writes to shared memory visible to the tensor cores' reads.
 __device__ __forceinline__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Transaction barriers (mbarrier) and bulk copies: the weights' tiles arrive as one cp.async.bulk each,
+// counted in bytes on a barrier of their stage.
+
+/// Initializes the barrier at shared `address` for `count` arrivals per phase.
+__device__ __forceinline__ void barrier_init(uint32_t address, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(address), "r"(count) : "memory");
+}
+/// Makes initialized barriers visible to the bulk copies that complete on them.
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/// Arrives on the barrier at shared `address` and expects `bytes` more to land on it in this phase.
+__device__ __forceinline__ void barrier_expect(uint32_t address, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(address), "r"(bytes) : "memory");
+}
+/// Waits until the phase of parity `parity` of the barrier at shared `address` has completed.
+__device__ __forceinline__ void barrier_wait(uint32_t address, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nsg_wait:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra sg_wait;\n}\n" ::"r"(address),
+        "r"(parity)
+        : "memory");
+}
+/// `bytes` (a multiple of 16) from global `source` to shared `destination`, landing on `barrier`.
+__device__ __forceinline__ void bulk_copy(uint32_t destination, const void* source, uint32_t bytes, uint32_t barrier) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(destination),
+        "l"(source), "r"(bytes), "r"(barrier)
+        : "memory");
+}
 /// Keeps the compiler from moving accesses of the accumulators across the asynchronous products.
 template <int N>
 __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
