@@ -60,7 +60,7 @@ __device__ __forceinline__ void barrier_expect(uint32_t address, uint32_t bytes)
 __device__ __forceinline__ void barrier_wait(uint32_t address, uint32_t parity) {
     asm volatile(
         "{\n.reg .pred done;\nsg_wait:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra sg_wait;\n}\n" ::"r"(address),
         "r"(parity)
         : "memory");
