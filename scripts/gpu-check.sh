@@ -319,7 +319,10 @@ if want baseline; then
   # The topology and convolution tables of another tree, built here without the PyTorch layer, run
   # alternately with this tree's on the same GPU: SPARSEGRID_BASELINE names a .tar.gz of that tree
   # (git archive -o .device/baseline.tar.gz COMMIT). The output voxel counts of every bench row both
-  # trees have must agree.
+  # trees have must agree. SPARSEGRID_BASELINE_ENGINE names dtypes (e.g. "tf32 float16") whose engine
+  # sweeps (`conv --configs`, batch 16, SPARSEGRID_ENGINE_CHANNELS or 64,128) run for both trees too,
+  # alternately, into baseline_engine_DTYPE_ROUND.md and current_engine_DTYPE_ROUND.md; with
+  # SPARSEGRID_BASELINE_ROUNDS=engine only those run (no bench and conv tables).
   if [ -f "${SPARSEGRID_BASELINE:-}" ]; then
     base_src="$build/baseline-src"
     base_build="$build/baseline"
@@ -329,7 +332,21 @@ if want baseline; then
     [ -f "$base_build/build.ninja" ] || step "baseline configure" "$base_src/scripts/configure.sh" "$base_build" \
       -DSPARSEGRID_BUILD_TESTS=OFF -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WITH_TORCH=OFF
     step "baseline build" cmake --build "$base_build" -j "$(nproc)" --target sparsegrid_cli
-    for round in 1 2; do
+    for dtype in ${SPARSEGRID_BASELINE_ENGINE:-}; do
+      flags="--dtype $dtype"
+      [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
+      for round in 1 2; do
+        for tree in baseline current; do
+          tool="$build/tools/sparsegrid"
+          [ $tree = baseline ] && tool="$base_build/tools/sparsegrid"
+          step "$tree engine $dtype ($round)" bash -c "'$tool' conv --device cuda --configs $flags \
+            --input '$root/data/reference_batch_r64.txt' --members 16 --channels ${SPARSEGRID_ENGINE_CHANNELS:-64,128} \
+            --repeats 20 --warmup 5 | tee '$out/${tree}_engine_${dtype}_$round.md'"
+        done
+      done
+    done
+    [ "${SPARSEGRID_BASELINE_ROUNDS:-}" = engine ] && base_rounds="" || base_rounds="1 2"
+    for round in $base_rounds; do
       for tree in baseline current; do
         tool="$build/tools/sparsegrid"
         [ $tree = baseline ] && tool="$base_build/tools/sparsegrid"
@@ -341,7 +358,7 @@ if want baseline; then
         done
       done
     done
-    step "baseline voxel counts" python3 - "$out/baseline_bench_b16_1.json" "$out/current_bench_b16_1.json" <<'PY'
+    [ -n "$base_rounds" ] && step "baseline voxel counts" python3 - "$out/baseline_bench_b16_1.json" "$out/current_bench_b16_1.json" <<'PY'
 import json, sys
 base, current = ({row["operation"]: row for row in json.load(open(p))["rows"]} for p in sys.argv[1:3])
 print(f"{'operation':36} {'voxels':>10} {'base ms':>9} {'this ms':>9} {'this/base':>9}")
