@@ -87,10 +87,7 @@ constexpr EngineConfig kEngineConfigs[] = {
 };
 constexpr int kEngineConfigCount = static_cast<int>(sizeof(kEngineConfigs) / sizeof(kEngineConfigs[0]));
 
-/// packed[(t * y_channels + yi) * x_channels + xi] from weight[(co * in_channels + ci) * volume + t] with
-/// (xi, yi) = (ci, co), or (co, ci) when `transpose`: per tap, one row of x channels per output channel,
-/// the column-major B operand of the mma. With `reverse_taps`, packed tap t holds the weight's tap
-/// volume - 1 - t. A float weight W of a 16-bit T is rounded to T here.
+/// The packed value of the weight at tap t for x channel xi and y channel yi (see below), in T.
 template <typename T, typename W>
 __device__ __forceinline__ T packed_weight(const W* __restrict__ weight, int32_t volume, int64_t in_channels, int64_t t,
                                            int64_t xi, int64_t yi, bool transpose, bool reverse_taps) {
@@ -109,6 +106,10 @@ __device__ __forceinline__ T packed_weight(const W* __restrict__ weight, int32_t
     return value;
 }
 
+/// packed[(t * y_channels + yi) * x_channels + xi] from weight[(co * in_channels + ci) * volume + t] with
+/// (xi, yi) = (ci, co), or (co, ci) when `transpose`: per tap, one row of x channels per output channel,
+/// the column-major B operand of the mma. With `reverse_taps`, packed tap t holds the weight's tap
+/// volume - 1 - t. A float weight W of a 16-bit T is rounded to T here.
 template <typename T, typename W>
 __global__ void pack_engine_weight_kernel(const W* __restrict__ weight, T* __restrict__ packed, int32_t volume,
                                           int64_t in_channels, int64_t out_channels, bool transpose,
