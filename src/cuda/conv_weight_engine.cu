@@ -4,8 +4,8 @@
 // edges. Rows are split into a number of slots fixed by the problem's shape (never by the device or the
 // tile configuration); a block owns one (tile, slot, tap), walks its slot's rows in lists of kListRows
 // rows, compacts each list's edges at t into shared memory (a block scan: edges stay in row order), and
-// runs a cp.async pipeline over the list's edges, 32 per step: ldmatrix.trans (16-bit) or scalar
-// fragment loads (TF32) and mma.sync. A second kernel adds the slots in slot order. Each element's sum
+// runs a cp.async pipeline over the list's edges, 32 per step: ldmatrix.trans (16-bit) or scalar and
+// paired fragment loads (TF32) and mma.sync. A second kernel adds the slots in slot order. Each element's sum
 // runs over the same edge groups in the same order in every configuration: results are bitwise equal
 // across configurations and runs, and no atomics are used.
 #include "backend/backend.h"
@@ -260,9 +260,13 @@ __launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / 
                     mma::multiply<T>(acc, a, b);
                 }
             } else {
-                // TF32: fragment elements read one by one (ldmatrix.trans moves 16-bit elements only):
-                // a = (m g, k q), (m g + 8, k q), (m g, k q + 4), (m g + 8, k q + 4); b = (k q, n g),
-                // (k q + 4, n g) with g = lane / 4, q = lane % 4.
+                // TF32 (ldmatrix.trans moves 16-bit elements only): a = (m g, k q), (m g + 8, k q),
+                // (m g, k q + 4), (m g + 8, k q + 4); b = (k q, n g), (k q + 4, n g) with g = lane / 4,
+                // q = lane % 4. Row r of each 16-row tile of A is channel 2 (r % 8) + r / 8 of it, so
+                // that a lane's (m g, k q) and (m g + 8, k q) are the adjacent channels 2 g, 2 g + 1: one
+                // 8-byte load per pair (a half-warp's loads cover the 32 banks once, staged rows being 8
+                // banks apart modulo 32). Each output's sum is unchanged; the epilogue writes row r to
+                // its channel. B's elements (two edges apart) are read one by one.
                 const float* a_tile = reinterpret_cast<const float*>(shared + (step % kStages) * kStageBytes);
                 const float* b_tile = reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(a_tile) +
                                                                      kEdgeStep * kPitchA);
@@ -274,11 +278,13 @@ __launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / 
                     uint32_t b[NI][2];
 #pragma unroll
                     for (int i = 0; i < MI; ++i) {
-                        const float* column = a_tile + (8 * kk + q) * kLdA + warp_m + 16 * i + g;
-                        a[i][0] = __float_as_uint(column[0]);
-                        a[i][1] = __float_as_uint(column[8]);
-                        a[i][2] = __float_as_uint(column[4 * kLdA]);
-                        a[i][3] = __float_as_uint(column[4 * kLdA + 8]);
+                        const float* pair = a_tile + (8 * kk + q) * kLdA + warp_m + 16 * i + 2 * g;
+                        const float2 low = *reinterpret_cast<const float2*>(pair);
+                        const float2 high = *reinterpret_cast<const float2*>(pair + 4 * kLdA);
+                        a[i][0] = __float_as_uint(low.x);
+                        a[i][1] = __float_as_uint(low.y);
+                        a[i][2] = __float_as_uint(high.x);
+                        a[i][3] = __float_as_uint(high.y);
 #pragma unroll
                         for (int e = 0; e < 4; ++e) Op::prepare(a[i][e]);
                     }
@@ -298,13 +304,14 @@ __launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / 
         __syncthreads();  // stages and lists are rewritten by the next list
     }
 
-    // Accumulator (i, j, 2h + e): a = m0 + warp_m + 16 i + lane / 4 + 8 h, b = n0 + warp_n + 8 j + 2 (lane % 4) + e.
+    // Accumulator (i, j, 2h + e): a = m0 + warp_m + 16 i + lane / 4 + 8 h (TF32: + 2 (lane / 4) + h, the
+    // permuted rows), b = n0 + warp_n + 8 j + 2 (lane % 4) + e.
     float* out = partial + (slot * volume + t) * int64_t{a_channels} * b_channels;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            const int a = m0 + warp_m + 16 * i + lane / 4 + 8 * h;
+            const int a = m0 + warp_m + 16 * i + (E == 4 ? 2 * (lane / 4) + h : lane / 4 + 8 * h);
             if (a >= a_channels) continue;
 #pragma unroll
             for (int j = 0; j < NI; ++j) {
