@@ -242,12 +242,15 @@ fi
 if want profile; then
   # Nsight Compute on the engine's kernels (k3s1 and k2s2, C = 64 and 128, float16 unless
   # SPARSEGRID_PROFILE_DTYPE says otherwise, e.g. bfloat16 or tf32; SPARSEGRID_PROFILE_CHANNELS): the full section set of each launch as text (profile.txt),
-  # each launch's warp stall reasons (profile_stalls.txt) and the SASS of the first launch with its
-  # per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES limits the launches (12).
+  # every metric of each launch, its warp stall reasons among them (profile_raw.csv), and the SASS of the first launch with its
+  # per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES limits the launches (12);
+  # SPARSEGRID_PROFILE_KERNELS (a regular expression of kernel names, e.g. weight_engine_kernel) narrows
+  # the kernels profiled.
   profile_run() {
     local dtype_args=(--dtype "${SPARSEGRID_PROFILE_DTYPE:-float16}")
     [ "${SPARSEGRID_PROFILE_DTYPE:-}" = tf32 ] && dtype_args=(--dtype float32 --tf32)
-    ncu --set full --import-source no --kernel-name regex:'implicit_gemm_kernel|warpgroup_gemm_kernel|weight_engine_kernel|weight_warpgroup_kernel' \
+    local kernels="${SPARSEGRID_PROFILE_KERNELS:-implicit_gemm_kernel|warpgroup_gemm_kernel|weight_engine_kernel|weight_warpgroup_kernel}"
+    ncu --set full --import-source no --kernel-name regex:"$kernels" \
       --launch-count "${SPARSEGRID_PROFILE_LAUNCHES:-12}" -f -o "$out/engine" "$build/tools/sparsegrid" conv \
       --device cuda "${dtype_args[@]}" --channels "${SPARSEGRID_PROFILE_CHANNELS:-64,128}" \
       --repeats 1 --warmup 0 --input "$root/data/reference_batch_r64.txt" --members 16 || return 1
