@@ -242,10 +242,10 @@ fi
 if want profile; then
   # Nsight Compute on the engine's kernels (k3s1 and k2s2, C = 64 and 128, float16 unless
   # SPARSEGRID_PROFILE_DTYPE says otherwise, e.g. bfloat16 or tf32; SPARSEGRID_PROFILE_CHANNELS): the full section set of each launch as text (profile.txt),
-  # every metric of each launch, its warp stall reasons among them (profile_raw.csv), and the SASS of the first launch with its
-  # per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES limits the launches (12);
-  # SPARSEGRID_PROFILE_KERNELS (a regular expression of kernel names, e.g. weight_engine_kernel) narrows
-  # the kernels profiled.
+  # every metric of each launch, its warp stall reasons among them (profile_raw.csv), and the SASS of
+  # the first launch with its per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES
+  # limits the launches (12); SPARSEGRID_PROFILE_KERNELS (a regular expression of kernel names, e.g.
+  # weight_engine_kernel) narrows the kernels profiled.
   profile_run() {
     local dtype_args=(--dtype "${SPARSEGRID_PROFILE_DTYPE:-float16}")
     [ "${SPARSEGRID_PROFILE_DTYPE:-}" = tf32 ] && dtype_args=(--dtype float32 --tf32)

@@ -5,9 +5,9 @@
 // tile configuration); a block owns one (tile, slot, tap), walks its slot's rows in lists of kListRows
 // rows, compacts each list's edges at t into shared memory (a block scan: edges stay in row order), and
 // runs a cp.async pipeline over the list's edges, 32 per step: ldmatrix.trans (16-bit) or scalar and
-// paired fragment loads (TF32) and mma.sync. A second kernel adds the slots in slot order. Each element's sum
-// runs over the same edge groups in the same order in every configuration: results are bitwise equal
-// across configurations and runs, and no atomics are used.
+// paired fragment loads (TF32) and mma.sync. A second kernel adds the slots in slot order. Each
+// element's sum runs over the same edge groups in the same order in every configuration: results are
+// bitwise equal across configurations and runs, and no atomics are used.
 #include "backend/backend.h"
 #include "core/errors.h"
 #include "cuda/conv_mma.cuh"
@@ -304,8 +304,8 @@ __launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / 
         __syncthreads();  // stages and lists are rewritten by the next list
     }
 
-    // Accumulator (i, j, 2h + e): a = m0 + warp_m + 16 i + lane / 4 + 8 h (TF32: + 2 (lane / 4) + h, the
-    // permuted rows), b = n0 + warp_n + 8 j + 2 (lane % 4) + e.
+    // Accumulator (i, j, 2h + e): a = m0 + warp_m + 16 i + lane / 4 + 8 h (TF32, whose rows are permuted:
+    // m0 + warp_m + 16 i + 2 (lane / 4) + h), b = n0 + warp_n + 8 j + 2 (lane % 4) + e.
     float* out = partial + (slot * volume + t) * int64_t{a_channels} * b_channels;
 #pragma unroll
     for (int i = 0; i < MI; ++i)
