@@ -29,6 +29,8 @@ mkdir -p "$out"
 log="$out/gpu-check.log"
 : >"$log"
 want() { [[ " $phases " == *" $1 "* ]]; }
+# The tools' arguments for a dtype name: "tf32" is float32 with TF32 allowed.
+dtype_flags() { if [ "$1" = tf32 ]; then echo "--dtype float32 --tf32"; else echo "--dtype $1"; fi; }
 status=0
 declare -a summary
 
@@ -132,8 +134,7 @@ if want memcheck; then
       # SPARSEGRID_RACECHECK_DTYPES narrows the dtypes; SPARSEGRID_RACECHECK_CONFIGS runs the named
       # configurations one by one (forced, "auto" for the automatic choice) instead of all of them at once.
       for dtype in ${SPARSEGRID_RACECHECK_DTYPES:-float16 bfloat16 tf32}; do
-        dtype_args=(--dtype $dtype)
-        [ $dtype = tf32 ] && dtype_args=(--dtype float32 --tf32)
+        read -ra dtype_args <<<"$(dtype_flags $dtype)"
         for config in ${SPARSEGRID_RACECHECK_CONFIGS:-all}; do
           config_args=(--configs)
           [ "$config" != all ] && config_args=()
@@ -212,8 +213,7 @@ if want engine; then
   # kernels ("off") and the automatic choice, with each configuration's results compared bitwise.
   # SPARSEGRID_ENGINE_DTYPES narrows the dtypes, SPARSEGRID_ENGINE_GATHER=0 skips the gathered runs.
   for dtype in ${SPARSEGRID_ENGINE_DTYPES:-float16 bfloat16 tf32}; do
-    flags="--dtype $dtype"
-    [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
+    flags=$(dtype_flags $dtype)
     step "engine $dtype" bash -c "'$build/tools/sparsegrid' conv --device cuda --configs $flags \
       --input '$root/data/reference_batch_r64.txt' --members ${SPARSEGRID_ENGINE_MEMBERS:-16} \
       --channels ${SPARSEGRID_ENGINE_CHANNELS:-32,64,128} --repeats 20 --warmup 5 | tee '$out/engine_$dtype.md'"
@@ -230,8 +230,7 @@ if want passes && [ $have_layer = 1 ]; then
   # SPARSEGRID_PASSES_MEMBERS and SPARSEGRID_PASSES_DTYPES narrow the runs.
   for members in ${SPARSEGRID_PASSES_MEMBERS:-16 32 48}; do
     for dtype in ${SPARSEGRID_PASSES_DTYPES:-float16 bfloat16 tf32 float32}; do
-      flags="--dtype $dtype"
-      [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
+      flags=$(dtype_flags $dtype)
       step "passes b$members $dtype" "${pyenv[@]}" bash -c "python3 '$root/bench/conv_bench.py' --device cuda \
         --members $members --channels 32 64 128 256 $flags --passes --no-baselines --no-host-overhead \
         --repeats 20 --warmup 5 --input '$root/data/reference_batch_r64.txt' \
@@ -247,8 +246,8 @@ if want profile; then
   # limits the launches (12); SPARSEGRID_PROFILE_KERNELS (a regular expression of kernel names, e.g.
   # weight_engine_kernel) narrows the kernels profiled.
   profile_run() {
-    local dtype_args=(--dtype "${SPARSEGRID_PROFILE_DTYPE:-float16}")
-    [ "${SPARSEGRID_PROFILE_DTYPE:-}" = tf32 ] && dtype_args=(--dtype float32 --tf32)
+    local dtype_args
+    read -ra dtype_args <<<"$(dtype_flags "${SPARSEGRID_PROFILE_DTYPE:-float16}")"
     local kernels="${SPARSEGRID_PROFILE_KERNELS:-implicit_gemm_kernel|warpgroup_gemm_kernel|weight_engine_kernel|weight_warpgroup_kernel}"
     ncu --set full --import-source no --kernel-name regex:"$kernels" \
       --launch-count "${SPARSEGRID_PROFILE_LAUNCHES:-12}" -f -o "$out/engine" "$build/tools/sparsegrid" conv \
@@ -336,8 +335,7 @@ if want baseline; then
       -DSPARSEGRID_BUILD_TESTS=OFF -DSPARSEGRID_BUILD_TOOLS=ON -DSPARSEGRID_WITH_TORCH=OFF
     step "baseline build" cmake --build "$base_build" -j "$(nproc)" --target sparsegrid_cli
     for dtype in ${SPARSEGRID_BASELINE_ENGINE:-}; do
-      flags="--dtype $dtype"
-      [ $dtype = tf32 ] && flags="--dtype float32 --tf32"
+      flags=$(dtype_flags $dtype)
       for round in 1 2; do
         for tree in baseline current; do
           tool="$build/tools/sparsegrid"
