@@ -324,6 +324,9 @@ if want baseline; then
   # trees have must agree. SPARSEGRID_BASELINE_ENGINE names dtypes (e.g. "tf32 float16") whose engine
   # sweeps (`conv --configs`, batch 16, SPARSEGRID_ENGINE_CHANNELS or 64,128) run for both trees too,
   # alternately, into baseline_engine_DTYPE_ROUND.md and current_engine_DTYPE_ROUND.md; with
+  # SPARSEGRID_BASELINE_CONFIGS (configuration names, e.g. "w64x64/4 w128x128/3") each of them is forced
+  # in turn (SPARSEGRID_CONV_CONFIG) in place of the sweep, into ..._engine_DTYPE_CONFIG_ROUND.md (the
+  # slash as "-"); a configuration a dtype cannot run gives way to the automatic choice. With
   # SPARSEGRID_BASELINE_ROUNDS=engine only those run (no bench and conv tables).
   if [ -f "${SPARSEGRID_BASELINE:-}" ]; then
     base_src="$build/baseline-src"
@@ -340,9 +343,15 @@ if want baseline; then
         for tree in baseline current; do
           tool="$build/tools/sparsegrid"
           [ $tree = baseline ] && tool="$base_build/tools/sparsegrid"
-          step "$tree engine $dtype ($round)" bash -c "'$tool' conv --device cuda --configs $flags \
-            --input '$root/data/reference_batch_r64.txt' --members 16 --channels ${SPARSEGRID_ENGINE_CHANNELS:-64,128} \
-            --repeats 20 --warmup 5 | tee '$out/${tree}_engine_${dtype}_$round.md'"
+          args="--device cuda $flags --input '$root/data/reference_batch_r64.txt' --members 16 \
+            --channels ${SPARSEGRID_ENGINE_CHANNELS:-64,128} --repeats 20 --warmup 5"
+          if [ -z "${SPARSEGRID_BASELINE_CONFIGS:-}" ]; then
+            step "$tree engine $dtype ($round)" bash -c "'$tool' conv --configs $args | tee '$out/${tree}_engine_${dtype}_$round.md'"
+          fi
+          for config in ${SPARSEGRID_BASELINE_CONFIGS:-}; do
+            step "$tree engine $dtype $config ($round)" bash -c "SPARSEGRID_CONV_CONFIG='$config' '$tool' conv $args \
+              | tee '$out/${tree}_engine_${dtype}_${config//\//-}_$round.md'"
+          done
         done
       done
     done
