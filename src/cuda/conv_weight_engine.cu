@@ -176,10 +176,12 @@ __launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / 
     const int warp = tid / 32;
     const int warp_m = (warp / kWarpsN) * WM;
     const int warp_n = (warp % kWarpsN) * WN;
-    const int m0 = static_cast<int>(blockIdx.x / tiles_n) * BM;
-    const int n0 = static_cast<int>(blockIdx.x % tiles_n) * BN;
+    // Taps fastest: the blocks resident at once cover every tap of a few slots (see the launch).
+    const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(volume));
+    const int32_t t = static_cast<int32_t>(blockIdx.x % static_cast<unsigned>(volume));
+    const int m0 = tile / tiles_n * BM;
+    const int n0 = tile % tiles_n * BN;
     const int64_t slot = blockIdx.y;
-    const int32_t t = static_cast<int32_t>(blockIdx.z);
     const int64_t begin = slot * rows_per_slot;
     const int64_t end = begin + rows_per_slot < rows ? begin + rows_per_slot : rows;
     const uint32_t base = mma::shared_address(shared);
@@ -361,10 +363,12 @@ __global__ __launch_bounds__(BM / 64 * 128, BM == 128 ? 2 : 3) void weight_warpg
     const int lane = tid % 32;
     const int warp = tid / 32;
     const int wg = warp / 4;
-    const int m0 = static_cast<int>(blockIdx.x / tiles_n) * BM;
-    const int n0 = static_cast<int>(blockIdx.x % tiles_n) * BN;
+    // Taps fastest: the blocks resident at once cover every tap of a few slots (see the launch).
+    const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(volume));
+    const int32_t t = static_cast<int32_t>(blockIdx.x % static_cast<unsigned>(volume));
+    const int m0 = tile / tiles_n * BM;
+    const int n0 = tile % tiles_n * BN;
     const int64_t slot = blockIdx.y;
-    const int32_t t = static_cast<int32_t>(blockIdx.z);
     const int64_t begin = slot * rows_per_slot;
     const int64_t end = begin + rows_per_slot < rows ? begin + rows_per_slot : rows;
 
@@ -494,8 +498,11 @@ void launch_weight_kernel(Kernel kernel, const WeightConfig& config, std::atomic
     raise_shared_memory_limit(kernel, shared_bytes, raised);
     const int64_t tiles_m = (a_channels + config.bm - 1) / config.bm,
                   tiles_n = (b_channels + config.bn - 1) / config.bn;
-    const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots),
-                    static_cast<unsigned>(volume));
+    // Grid x: tile x tap, the taps fastest; y: the slot. So a wave of resident blocks covers every tap of
+    // a few slots, whose rows (each source and target row of a slot, read once per tap) stay in L2,
+    // where with the taps slowest a wave would stream every slot's rows of a few taps. The order of the
+    // blocks is no part of the sums. engine_weight_gradient keeps grid x within 2^31 - 1.
+    const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n * volume), static_cast<unsigned>(slots), 1u);
     kernel<<<grid, config.threads(), shared_bytes, stream>>>(
         map, tap_major, rows, volume, static_cast<const T*>(gathered), static_cast<const T*>(per_row), partial,
         a_channels, b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
@@ -600,6 +607,9 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
     if (a_channels > kMaxEngineChannels || b_channels > kMaxEngineChannels) return false;
     if (reinterpret_cast<uintptr_t>(gathered) % 16 != 0 || reinterpret_cast<uintptr_t>(per_row) % 16 != 0) return false;
     if (args.rows > INT32_MAX || (args.map == nullptr && args.volume != 1)) return false;
+    // One block per (tile, tap) along grid x (launch_weight_kernel), at most 2^31 - 1 of them; the
+    // smallest tiles (32 x 32) bound the count for every configuration.
+    if ((a_channels + 31) / 32 * ((b_channels + 31) / 32) > INT32_MAX / std::max<int32_t>(args.volume, 1)) return false;
     const cudaStream_t stream = stream_of(ctx);
     const int64_t slot_elements = int64_t{args.volume} * a_channels * b_channels;
     int64_t slots = 0;
