@@ -177,6 +177,23 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         load_next(s);
         mma::commit_copies();
     }
+    // TF32: the rows of A this thread copied for step s, rounded in place once landed, as the mma.sync
+    // kernels round them (the tensor cores would drop the low bits); the packed weights were rounded when
+    // packed. A resident A area is rounded once, when its chunk arrives (the first tap's steps). Each
+    // step's rows are rounded while the previous step's products run (below), so that the rounding is
+    // not on the path from the copies' arrival to the products.
+    auto round_own_rows = [&](int s) {
+        if constexpr (std::is_same_v<T, float>) {
+            if (s >= steps || (resident_a && s >= chunks)) return;
+            const uint32_t at = base + static_cast<uint32_t>((s % kStages) * kStageBytes);
+#pragma unroll
+            for (int c = 0; c < kRowsA; ++c) round_to_tf32(at + a_copy[c]);
+        }
+    };
+    if constexpr (std::is_same_v<T, float>) {
+        mma::wait_copies<kAhead - 1>();  // step 0's copies (kAhead groups issued)
+        round_own_rows(0);
+    }
     const int wg = warp / 4;  // this warp's warpgroup
     const uint32_t a_rows = static_cast<uint32_t>(wg * 64 * kRowBytes);
     // Lane l of warp w of warpgroup g: rows 64 g + 16 w + l / 4 + 8 h, channels 8 j + 2 (l % 4) + e.
@@ -200,17 +217,8 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         // This thread's copies of `step` have landed (kAhead - 1 later groups may still be in flight);
         // after the barrier every thread's have, and every warpgroup's products of step - 1 - kInFlight
         // are complete, so that step's stage can be refilled.
+        // (TF32: they were rounded by this thread in the previous iteration or the prologue.)
         mma::wait_copies<kAhead - 1>();
-        if constexpr (std::is_same_v<T, float>) {
-            // TF32: this thread's rows of A rounded in place as the mma.sync kernels round them (the
-            // tensor cores would drop the low bits); the packed weights were rounded when packed.
-            // A resident A area is rounded once, when its chunk arrives (the first tap's steps).
-            const uint32_t at = base + static_cast<uint32_t>((step % kStages) * kStageBytes);
-            if (!resident_a || step < chunks) {
-#pragma unroll
-                for (int c = 0; c < kRowsA; ++c) round_to_tf32(at + a_copy[c]);
-            }
-        }
         warpgroup::fence_async_shared();
         __syncthreads();
         load_next((step + kAhead) % kStages);
@@ -230,6 +238,14 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
                                               b + static_cast<uint64_t>(2 * kk));
         warpgroup::commit();
         warpgroup::fence_accumulators(acc);
+        if constexpr (std::is_same_v<T, float>) {
+            // The next step's copies (kAhead groups outstanding, that step's the oldest) while these
+            // products run. Its stage is neither this step's nor one an unfinished product reads
+            // (kStages >= 3, at most kInFlight + 1 = 2 groups of products outstanding), nor the one
+            // load_next just filled (step + kAhead).
+            mma::wait_copies<kAhead - 1>();
+            round_own_rows(step + 1);
+        }
         if constexpr (kScatter) {
             if (++chunk == chunks) {
                 chunk = 0;
