@@ -47,6 +47,11 @@ constexpr int kMaxEngineTaps = 64;
 /// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16, bfloat16 and TF32 gathering on compute
 /// capability 9.0 only) have BM = 128 (the kernel takes 256 too), 128-byte chunks and warpgroups of 64 x BN,
 /// and read the weights packed as tiles (pack_engine_tiles_kernel).
+/// Scatter mode's output areas: per warp 16 rows of WN elements and 16 bytes of padding.
+constexpr size_t scatter_area_bytes(int warps, int wn, size_t element_bytes) {
+    return static_cast<size_t>(warps) * 16 * (static_cast<size_t>(wn) * element_bytes + 16);
+}
+
 struct EngineConfig {
     int bm, bn, row_bytes, wm, wn, stages;
     bool warpgroup = false;
@@ -56,11 +61,14 @@ struct EngineConfig {
             std::to_string(stages);
     }
     /// Dynamic shared memory: the stages, then the source table of `volume` taps (rows of bm + 4 entries:
-    /// 16-byte aligned, and its stores from the map fall on 8 banks rather than one).
-    size_t shared_bytes(int32_t volume) const {
+    /// 16-byte aligned, and its stores from the map fall on 8 banks rather than one), then in scatter
+    /// mode with warps of 32 rows each warp's area for its outputs (scatter_area_bytes, elements of
+    /// `element_bytes`).
+    size_t shared_bytes(int32_t volume, bool scatter, size_t element_bytes) const {
         if (warpgroup) return warpgroup_engine_shared_bytes(bm, bn, stages, volume);
         return static_cast<size_t>(stages) * static_cast<size_t>(bm + bn) * static_cast<size_t>(row_bytes + 16) +
-            static_cast<size_t>(volume) * static_cast<size_t>(bm + 4) * sizeof(int32_t);
+            static_cast<size_t>(volume) * static_cast<size_t>(bm + 4) * sizeof(int32_t) +
+            (scatter && wm <= 32 ? scatter_area_bytes(bm / wm * (bn / wn), wn, element_bytes) : 0);
     }
 };
 
@@ -310,6 +318,44 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             }
         }
     };
+    // Scatter mode: a warp's products of a tap go out through an area of shared memory of its own, 16 rows
+    // at a time, written as the accumulators lie and read back as 16-byte vectors along the rows, so that
+    // a store instruction writes whole vectors (2 bytes of 16 per row and mma tile otherwise). Where the
+    // output is not in whole aligned vectors, the pairs are stored directly, and so they are by warps of
+    // 64 rows (whose accumulators leave no registers for the second path: it spilled).
+    constexpr bool kStagedScatter = kScatter && WM <= 32;
+    constexpr int kScatterPitch = WN * static_cast<int>(sizeof(T)) + 16;
+    constexpr int kScatterVectors = WN * static_cast<int>(sizeof(T)) / 16;  // per row of a warp tile
+    static_assert(!kScatter || (16 * kScatterVectors) % 32 == 0, "whole vector rounds per warp");
+    auto write_scattered = [&](const int32_t* targets) {
+        const uint32_t scatter_area = mma::shared_address(shared) +
+            static_cast<uint32_t>(kStages * kStageBytes + volume * kTableStride * 4 +
+                                  static_cast<int>(threadIdx.x / 32) * 16 * kScatterPitch);
+#pragma unroll
+        for (int i = 0; i < MI; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+                for (int j = 0; j < NI; ++j)
+                    mma::store_shared_pair<T>(
+                        scatter_area +
+                            static_cast<uint32_t>((lane / 4 + 8 * h) * kScatterPitch +
+                                                  (8 * j + 2 * (lane % 4)) * static_cast<int>(sizeof(T))),
+                        acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+            __syncwarp();
+#pragma unroll
+            for (int idx = lane; idx < 16 * kScatterVectors; idx += 32) {
+                const int r = idx / kScatterVectors;
+                const int vv = idx % kScatterVectors;
+                const int64_t target = targets[warp_m + 16 * i + r];
+                const int n = n0 + warp_n + vv * kElementsPerVector;
+                if (target >= 0 && n < y_channels)
+                    *reinterpret_cast<int4*>(out + target * y_channels + n) = mma::load_shared16(
+                        scatter_area + static_cast<uint32_t>(r * kScatterPitch + vv * 16));
+            }
+            __syncwarp();  // the area is rewritten by the next 16 rows
+        }
+    };
     int tap_index = 0, chunk = 0;  // scatter: of the step being multiplied
     for (int step = 0; step < steps; ++step) {
         mma::wait_copies<kStages - 2>();
@@ -346,7 +392,10 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             chunk = 0;
             // The tap's products are complete: each goes to its row's one output row at this tap.
             const int32_t* targets = table + active[tap_index++] * kTableStride;
-            write_rows([&](int m) { return int64_t{targets[m]}; });
+            if (kStagedScatter && y_channels % kElementsPerVector == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
+                write_scattered(targets);
+            else
+                write_rows([&](int m) { return int64_t{targets[m]}; });
             mma::clear(acc);
         }
     }
@@ -369,8 +418,9 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
     auto* kernel = scatter ? implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages, true>
                            : implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages, false>;
     static std::atomic<uint64_t> raised[2] = {0, 0};  // one per instantiation
-    raise_shared_memory_limit(kernel, EngineConfig{BM, BN, kRowBytes, WM, WN, kStages}.shared_bytes(kMaxEngineTaps),
-                              raised[scatter ? 1 : 0]);
+    raise_shared_memory_limit(
+        kernel, EngineConfig{BM, BN, kRowBytes, WM, WN, kStages}.shared_bytes(kMaxEngineTaps, scatter, sizeof(T)),
+        raised[scatter ? 1 : 0]);
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     kernel<<<grid, (BM / WM) * (BN / WN) * 32, shared_bytes, stream>>>(
         map, order, rows, volume, static_cast<const T*>(x), static_cast<const T*>(packed), static_cast<T*>(out),
@@ -547,11 +597,11 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
     };
     static constexpr std::array<EngineKernel, kEngineConfigCount> launchers = engine_launchers<T>();
     auto launch = [&](int config) {
-        launchers[static_cast<size_t>(config)](args.map, args.order, args.rows, args.volume, args.x,
-                                               packed[kEngineConfigs[config].warpgroup ? 1 : 0].data(), args.out,
-                                               static_cast<int32_t>(x_channels), static_cast<int32_t>(y_channels),
-                                               args.scatter, kEngineConfigs[config].shared_bytes(args.volume),
-                                               stream_of(ctx));
+        launchers[static_cast<size_t>(config)](
+            args.map, args.order, args.rows, args.volume, args.x,
+            packed[kEngineConfigs[config].warpgroup ? 1 : 0].data(), args.out, static_cast<int32_t>(x_channels),
+            static_cast<int32_t>(y_channels), args.scatter,
+            kEngineConfigs[config].shared_bytes(args.volume, args.scatter, sizeof(T)), stream_of(ctx));
     };
     // Warpgroup configurations: on a device that runs them; elsewhere a forced one gives way to the
     // automatic choice (the same results: every configuration sums in one order).

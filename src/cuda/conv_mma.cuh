@@ -130,6 +130,29 @@ __device__ __forceinline__ void store_pair(float* out, float a, float b) {
     *reinterpret_cast<float2*>(out) = make_float2(a, b);
 }
 
+/// The pair (a, b) as two T, at shared-memory `address`.
+template <typename T>
+__device__ __forceinline__ void store_shared_pair(uint32_t address, float a, float b) {
+    if constexpr (sizeof(T) == 4) {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
+    } else {
+        alignas(4) T pair[2];
+        store_pair(pair, a, b);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(*reinterpret_cast<const uint32_t*>(pair))
+                     : "memory");
+    }
+}
+
+/// 16 bytes at shared-memory `address`.
+__device__ __forceinline__ int4 load_shared16(uint32_t address) {
+    int4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(address)
+                 : "memory");
+    return v;
+}
+
 #endif
 
 }  // namespace sparsegrid::detail::cuda::mma
