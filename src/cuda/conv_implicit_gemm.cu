@@ -42,16 +42,16 @@ namespace {
 
 constexpr int kMaxEngineTaps = 64;
 
-/// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
-/// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
-/// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16, bfloat16 and TF32 gathering on compute
-/// capability 9.0 only) have BM = 128 (the kernel takes 256 too), 128-byte chunks and warpgroups of 64 x BN,
-/// and read the weights packed as tiles (pack_engine_tiles_kernel).
 /// Scatter mode's output areas: per warp 16 rows of WN elements and 16 bytes of padding.
 constexpr size_t scatter_area_bytes(int warps, int wn, size_t element_bytes) {
     return static_cast<size_t>(warps) * 16 * (static_cast<size_t>(wn) * element_bytes + 16);
 }
 
+/// A tile configuration: BM x BN outputs per block, in warps of WM x WN, k chunks of `row bytes` of a
+/// row per pipeline stage (64 or 128 bytes: 32 or 64 16-bit channels, 16 or 32 float), `stages` deep.
+/// Warpgroup configurations (conv_warpgroup.cu: wgmma, float16, bfloat16 and TF32 gathering on compute
+/// capability 9.0 only) have BM = 128 (the kernel takes 256 too), 128-byte chunks and warpgroups of 64 x BN,
+/// and read the weights packed as tiles (pack_engine_tiles_kernel).
 struct EngineConfig {
     int bm, bn, row_bytes, wm, wn, stages;
     bool warpgroup = false;
@@ -320,7 +320,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     };
     // Scatter mode: a warp's products of a tap go out through an area of shared memory of its own, 16 rows
     // at a time, written as the accumulators lie and read back as 16-byte vectors along the rows, so that
-    // a store instruction writes whole vectors (2 bytes of 16 per row and mma tile otherwise). Where the
+    // a store instruction writes WN elements of 8 rows (16 bytes of 8 rows otherwise). Where the
     // output is not in whole aligned vectors, the pairs are stored directly, and so they are by warps of
     // 64 rows (whose accumulators leave no registers for the second path: it spilled).
     constexpr bool kStagedScatter = kScatter && WM <= 32;
