@@ -96,6 +96,18 @@ __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], uint3
 }
 #endif
 
+/// A weight-gradient block's first rows of either operand (m0, n0) and its tap: grid x is tile x tap,
+/// the taps fastest (see launch_weight_kernel).
+struct BlockTileTap {
+    int m0, n0;
+    int32_t t;
+};
+template <int BM, int BN>
+__device__ __forceinline__ BlockTileTap block_tile_and_tap(int32_t volume, int32_t tiles_n) {
+    const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(volume));
+    return {tile / tiles_n * BM, tile % tiles_n * BN, static_cast<int32_t>(blockIdx.x % static_cast<unsigned>(volume))};
+}
+
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 /// The map entries at tap t of the rows [list0, list_end) (at most kListRows) that this thread owns:
 /// kListRows / kThreadCount consecutive rows, -1 past list_end (all loads in flight at once).
@@ -176,11 +188,9 @@ __launch_bounds__((BM / WM) * (BN / WN) * 32, engine_min_blocks(BM / WM * (BN / 
     const int warp = tid / 32;
     const int warp_m = (warp / kWarpsN) * WM;
     const int warp_n = (warp % kWarpsN) * WN;
-    // Taps fastest: the blocks resident at once cover every tap of a few slots (see the launch).
-    const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(volume));
-    const int32_t t = static_cast<int32_t>(blockIdx.x % static_cast<unsigned>(volume));
-    const int m0 = tile / tiles_n * BM;
-    const int n0 = tile % tiles_n * BN;
+    const BlockTileTap block = block_tile_and_tap<BM, BN>(volume, tiles_n);
+    const int m0 = block.m0, n0 = block.n0;
+    const int32_t t = block.t;
     const int64_t slot = blockIdx.y;
     const int64_t begin = slot * rows_per_slot;
     const int64_t end = begin + rows_per_slot < rows ? begin + rows_per_slot : rows;
@@ -363,11 +373,9 @@ __global__ __launch_bounds__(BM / 64 * 128, BM == 128 ? 2 : 3) void weight_warpg
     const int lane = tid % 32;
     const int warp = tid / 32;
     const int wg = warp / 4;
-    // Taps fastest: the blocks resident at once cover every tap of a few slots (see the launch).
-    const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(volume));
-    const int32_t t = static_cast<int32_t>(blockIdx.x % static_cast<unsigned>(volume));
-    const int m0 = tile / tiles_n * BM;
-    const int n0 = tile % tiles_n * BN;
+    const BlockTileTap block = block_tile_and_tap<BM, BN>(volume, tiles_n);
+    const int m0 = block.m0, n0 = block.n0;
+    const int32_t t = block.t;
     const int64_t slot = blockIdx.y;
     const int64_t begin = slot * rows_per_slot;
     const int64_t end = begin + rows_per_slot < rows ? begin + rows_per_slot : rows;
