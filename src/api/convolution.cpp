@@ -417,6 +417,7 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
     check_pointer(op, "grad_weight", grad_weight, out_channels, in_channels * kernel_volume());
     detail::MapWeightGradient args;
     args.rows = m_target.num_voxels();
+    args.gathered_rows = m_source.num_voxels();
     args.volume = m_maps ? kernel_volume() : 1;
     args.x = input;
     args.grad = grad_output;
@@ -433,6 +434,7 @@ void ConvolutionPlan::backward_weight(const void* input, const void* grad_output
         args.map = source_map().neighbour_map().data();
         args.tap_major = m_maps->tap_major_map(op, m_flipped ? 0 : 1, dtype, ctx);
         args.rows = m_source.num_voxels();
+        args.gathered_rows = m_target.num_voxels();
         args.rows_are_source = true;
     } else if (m_maps) {
         args.map = target_map().neighbour_map().data();

@@ -65,6 +65,9 @@ struct MapWeightGradient {
     int64_t rows = 0;
     int32_t volume = 1;
     bool rows_are_source = false;
+    /// Rows of the operand the map gathers from (the other side's voxels); 0 when unknown. A hint for
+    /// the order of the CUDA engine's blocks, no part of the sums.
+    int64_t gathered_rows = 0;
     const void* x = nullptr;
     const void* grad = nullptr;
     void* grad_weight = nullptr;

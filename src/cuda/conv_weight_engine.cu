@@ -9,6 +9,7 @@
 // element's sum runs over the same edge groups in the same order in every configuration: results are
 // bitwise equal across configurations and runs, and no atomics are used.
 #include "backend/backend.h"
+#include "core/env.h"
 #include "core/errors.h"
 #include "cuda/conv_mma.cuh"
 #include "cuda/conv_tiles.cuh"
@@ -96,14 +97,19 @@ __device__ __forceinline__ void load_matrices_transposed(uint32_t (&r)[4], uint3
 }
 #endif
 
-/// A weight-gradient block's first rows of either operand (m0, n0) and its tap: grid x is tile x tap,
-/// the taps fastest (see launch_weight_kernel).
+/// A weight-gradient block's first rows of either operand (m0, n0) and its tap, in either block order
+/// of launch_weight_kernel: grid z is the tap (taps slowest), or with one z grid x is tile x tap (taps
+/// fastest; with one tap both read the same).
 struct BlockTileTap {
     int m0, n0;
     int32_t t;
 };
 template <int BM, int BN>
 __device__ __forceinline__ BlockTileTap block_tile_and_tap(int32_t volume, int32_t tiles_n) {
+    if (gridDim.z > 1) {
+        const int tile = static_cast<int>(blockIdx.x);
+        return {tile / tiles_n * BM, tile % tiles_n * BN, static_cast<int32_t>(blockIdx.z)};
+    }
     const int tile = static_cast<int>(blockIdx.x / static_cast<unsigned>(volume));
     return {tile / tiles_n * BM, tile % tiles_n * BN, static_cast<int32_t>(blockIdx.x % static_cast<unsigned>(volume))};
 }
@@ -493,7 +499,7 @@ __global__ __launch_bounds__(BM / 64 * 128, BM == 128 ? 2 : 3) void weight_warpg
 }
 
 using WeightKernel = void (*)(const int32_t*, const int32_t*, int64_t, int32_t, const void*, const void*, float*,
-                              int32_t, int32_t, int64_t, int64_t, cudaStream_t);
+                              int32_t, int32_t, int64_t, int64_t, bool, cudaStream_t);
 
 /// Launches a weight-gradient kernel of `config` in T: one block per (BM x BN tile, slot, tap), after
 /// raising the kernel's dynamic shared-memory limit on the device (`raised`: the kernel's own record).
@@ -501,16 +507,19 @@ template <typename T, typename Kernel>
 void launch_weight_kernel(Kernel kernel, const WeightConfig& config, std::atomic<uint64_t>& raised, const int32_t* map,
                           const int32_t* tap_major, int64_t rows, int32_t volume, const void* gathered,
                           const void* per_row, float* partial, int32_t a_channels, int32_t b_channels, int64_t slots,
-                          int64_t rows_per_slot, cudaStream_t stream) {
+                          int64_t rows_per_slot, bool taps_fastest, cudaStream_t stream) {
     const size_t shared_bytes = config.shared_bytes(static_cast<int>(sizeof(T)));
     raise_shared_memory_limit(kernel, shared_bytes, raised);
     const int64_t tiles_m = (a_channels + config.bm - 1) / config.bm,
                   tiles_n = (b_channels + config.bn - 1) / config.bn;
-    // Grid x: tile x tap, the taps fastest; y: the slot. So a wave of resident blocks covers every tap of
-    // a few slots, whose rows (each source and target row of a slot, read once per tap) stay in L2,
-    // where with the taps slowest a wave would stream every slot's rows of a few taps. The order of the
-    // blocks is no part of the sums. engine_weight_gradient keeps grid x within 2^31 - 1.
-    const dim3 grid(static_cast<unsigned>(tiles_m * tiles_n * volume), static_cast<unsigned>(slots), 1u);
+    // Taps fastest, grid x is tile x tap and y the slot: a wave of resident blocks covers every tap of a
+    // few slots, whose rows (each source and target row of a slot, read once per tap) stay in L2, where
+    // with the taps slowest (x the tile, y the slot, z the tap) a wave streams every slot's rows of a few
+    // taps. engine_weight_gradient picks the order and keeps grid x within 2^31 - 1 and z within 65535.
+    // The order of the blocks is no part of the sums.
+    const dim3 grid = taps_fastest
+        ? dim3(static_cast<unsigned>(tiles_m * tiles_n * volume), static_cast<unsigned>(slots), 1u)
+        : dim3(static_cast<unsigned>(tiles_m * tiles_n), static_cast<unsigned>(slots), static_cast<unsigned>(volume));
     kernel<<<grid, config.threads(), shared_bytes, stream>>>(
         map, tap_major, rows, volume, static_cast<const T*>(gathered), static_cast<const T*>(per_row), partial,
         a_channels, b_channels, rows_per_slot, static_cast<int32_t>(tiles_n));
@@ -520,11 +529,12 @@ void launch_weight_kernel(Kernel kernel, const WeightConfig& config, std::atomic
 template <typename T, int BM, int BN, int WM, int WN, int kStages>
 void launch_weight_engine(const int32_t* map, const int32_t* tap_major, int64_t rows, int32_t volume,
                           const void* gathered, const void* per_row, float* partial, int32_t a_channels,
-                          int32_t b_channels, int64_t slots, int64_t rows_per_slot, cudaStream_t stream) {
+                          int32_t b_channels, int64_t slots, int64_t rows_per_slot, bool taps_fastest,
+                          cudaStream_t stream) {
     static std::atomic<uint64_t> raised{0};
     launch_weight_kernel<T>(weight_engine_kernel<T, BM, BN, WM, WN, kStages>, WeightConfig{BM, BN, WM, WN, kStages},
                             raised, map, tap_major, rows, volume, gathered, per_row, partial, a_channels, b_channels,
-                            slots, rows_per_slot, stream);
+                            slots, rows_per_slot, taps_fastest, stream);
 }
 
 /// A warpgroup configuration as a WeightKernel (16-bit types only: engine_weight_gradient takes no
@@ -532,15 +542,17 @@ void launch_weight_engine(const int32_t* map, const int32_t* tap_major, int64_t 
 template <typename T, int BM, int BN, int kStages>
 void launch_weight_warpgroup(const int32_t* map, const int32_t* tap_major, int64_t rows, int32_t volume,
                              const void* gathered, const void* per_row, float* partial, int32_t a_channels,
-                             int32_t b_channels, int64_t slots, int64_t rows_per_slot, cudaStream_t stream) {
+                             int32_t b_channels, int64_t slots, int64_t rows_per_slot, bool taps_fastest,
+                             cudaStream_t stream) {
     if constexpr (sizeof(T) == 2) {
         static std::atomic<uint64_t> raised{0};
         launch_weight_kernel<T>(weight_warpgroup_kernel<T, BM, BN, kStages>,
                                 WeightConfig{BM, BN, 64, BN, kStages, true}, raised, map, tap_major, rows, volume,
-                                gathered, per_row, partial, a_channels, b_channels, slots, rows_per_slot, stream);
+                                gathered, per_row, partial, a_channels, b_channels, slots, rows_per_slot, taps_fastest,
+                                stream);
     } else {
         (void)map, (void)tap_major, (void)rows, (void)volume, (void)gathered, (void)per_row, (void)partial;
-        (void)a_channels, (void)b_channels, (void)slots, (void)rows_per_slot, (void)stream;
+        (void)a_channels, (void)b_channels, (void)slots, (void)rows_per_slot, (void)taps_fastest, (void)stream;
         throw_error("convolution engine: a warpgroup weight-gradient configuration was chosen for ",
                     engine_dtype_name<T>(), " (internal error)");
     }
@@ -569,6 +581,33 @@ int64_t weight_engine_slots(int64_t rows, int32_t volume, int64_t slot_bytes) {
     slots = std::min(slots, kMaxBytes / std::max<int64_t>(1, slot_bytes));
     slots = std::min<int64_t>(slots, 65535);
     return std::max<int64_t>(slots, 1);
+}
+
+/// The block order of launch_weight_kernel: taps fastest when the two operands (the rows of `gathered`
+/// and of `per_row`) together pass the device's L2 cache, so that a wave of blocks shares a few slots'
+/// rows; otherwise, with the operands resident in L2 anyway, taps slowest, whose waves run blocks of
+/// one tap with similar edge counts side by side (H100, float16, batch-16 reference, k3s1 C = 64: 38.6
+/// MB of operands, 0.116 ms against 0.121 taps fastest; at 77 MB, C = 128, 0.244 against 0.286 taps
+/// slowest). Grids of more than 65535 taps take taps fastest. SPARSEGRID_WEIGHT_TAPS_FASTEST=1 or 0
+/// forces either order (for tests and measurements; read at every call). No part of the sums.
+bool weight_taps_fastest(const MapWeightGradient& args, int64_t a_channels, int64_t b_channels, size_t element_bytes,
+                         const Context& ctx) {
+    if (args.volume > 65535) return true;
+    const std::string forced = env_string("SPARSEGRID_WEIGHT_TAPS_FASTEST");
+    if (forced == "1") return true;
+    if (forced == "0") return false;
+    if (!forced.empty())
+        throw_error("SPARSEGRID_WEIGHT_TAPS_FASTEST must be 1 (taps fastest), 0 (taps slowest) or unset "
+                    "(automatic), not \"",
+                    forced, "\"");
+    int l2_bytes = 0;
+    SPARSEGRID_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, ctx.device.index));
+    const int64_t gathered_rows = args.gathered_rows > 0 ? args.gathered_rows : args.rows;
+    // In double: an estimate, free of overflow.
+    const double operand_bytes = (static_cast<double>(gathered_rows) * static_cast<double>(a_channels) +
+                                  static_cast<double>(args.rows) * static_cast<double>(b_channels)) *
+        static_cast<double>(element_bytes);
+    return operand_bytes > static_cast<double>(l2_bytes);
 }
 
 int weight_config_index(int bm, int bn, bool warpgroup = false) {
@@ -619,6 +658,7 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
     // smallest tiles (32 x 32) bound the count for every configuration.
     if ((a_channels + 31) / 32 * ((b_channels + 31) / 32) > INT32_MAX / std::max<int32_t>(args.volume, 1)) return false;
     const cudaStream_t stream = stream_of(ctx);
+    const bool taps_fastest = weight_taps_fastest(args, a_channels, b_channels, sizeof(T), ctx);
     const int64_t slot_elements = int64_t{args.volume} * a_channels * b_channels;
     int64_t slots = 0;
     int64_t rows_per_slot = 0;
@@ -638,7 +678,8 @@ bool engine_weight_gradient(const MapWeightGradient& args, const Context& ctx) {
         if (args.rows > 0)
             launchers[static_cast<size_t>(config)](args.map, args.tap_major, args.rows, args.volume, gathered, per_row,
                                                    partial.data(), static_cast<int32_t>(a_channels),
-                                                   static_cast<int32_t>(b_channels), slots, rows_per_slot, stream);
+                                                   static_cast<int32_t>(b_channels), slots, rows_per_slot, taps_fastest,
+                                                   stream);
         launch_reduce_weight_grad<T, float>(partial.data(), slots, args.volume, args.in_channels, args.out_channels,
                                             rows_are_source, args.grad_weight, args.grad_weight_dtype == DType::Float32,
                                             stream);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -462,6 +463,97 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
                 }
             }
         }
+}
+
+/// SPARSEGRID_WEIGHT_TAPS_FASTEST set for a scope ("" unsets it), restored when it ends.
+class WeightBlockOrder {
+public:
+    explicit WeightBlockOrder(const char* value) {
+        if (const char* old = std::getenv(kName)) m_old = old, m_had = true;
+        set(value);
+    }
+    ~WeightBlockOrder() { set(m_had ? m_old.c_str() : ""); }
+    static void set(const char* value) {
+        if (*value)
+            setenv(kName, value, 1);
+        else
+            unsetenv(kName);
+    }
+
+private:
+    static constexpr const char* kName = "SPARSEGRID_WEIGHT_TAPS_FASTEST";
+    std::string m_old;
+    bool m_had = false;
+};
+
+TEST_F(ConvolutionCuda, WeightGradientBlockOrdersAreExactAndBitwiseAlike) {
+    // The engine's weight-gradient blocks run taps fastest or taps slowest (chosen by the operands' size
+    // against the L2 cache, which these small problems never pass). Forced either way, every
+    // configuration must give the exact result on multiples of 1/8 and, on random values, bitwise the
+    // automatic order's.
+    const AutomaticEngineConfiguration restore;
+    const WeightBlockOrder restore_order("");
+    const GridBatch grid = GridBatch::from_ijk(random_batch(321, 4), {}, cuda_context());
+    const std::vector<ConvolutionPlan> plans{ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1}),
+                                             ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2})};
+    const std::vector<std::pair<int64_t, int64_t>> channels{{64, 64}, {24, 136}, {136, 40}};
+    Rng rng(321);
+    for (const ConvolutionPlan& plan : plans)
+        for (const auto& [cin, cout] : channels) {
+            const int64_t volume = plan.kernel_volume();
+            const int64_t sources = plan.source_grid().num_voxels(), targets = plan.target_grid().num_voxels();
+            const std::vector<double> x = random_eighths(rng, sources * cin),
+                                      w = random_eighths(rng, cout * cin * volume),
+                                      g = random_eighths(rng, targets * cout);
+            const std::vector<double> rx = uniform_values(rng, sources * cin),
+                                      rw = uniform_values(rng, cout * cin * volume),
+                                      rg = uniform_values(rng, targets * cout);
+            sparsegrid::set_convolution_engine_configuration("off");
+            const Results<float> exact = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
+                                                 DType::Float32);
+            for (const std::string& configuration : sparsegrid::convolution_engine_configurations()) {
+                if (configuration.rfind("w", 0) != 0) continue;  // the weight-gradient configurations: w..., wg...
+                sparsegrid::set_convolution_engine_configuration(configuration);
+                WeightBlockOrder::set("");
+                const Results<float> automatic_tf32 = execute(plan, cast<float>(rx), cast<float>(rw), cast<float>(rg),
+                                                              cin, cout, DType::Float32, true);
+                const Results<uint16_t> automatic_half = execute(plan, encode16(rx, true), encode16(rw, true),
+                                                                 encode16(rg, true), cin, cout, DType::Float16);
+                for (const char* order : {"1", "0"}) {
+                    SCOPED_TRACE(::testing::Message() << "configuration " << configuration << ", taps fastest " << order
+                                                      << ", volume " << volume << ", cin " << cin << ", cout " << cout);
+                    WeightBlockOrder::set(order);
+                    EXPECT_EQ(
+                        execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout, DType::Float32, true)
+                            .gw,
+                        exact.gw);
+                    EXPECT_EQ(execute(plan, encode16(x, false), encode16(w, false), encode16(g, false), cin, cout,
+                                      DType::BFloat16)
+                                  .gw,
+                              encode16(widen(exact.gw), false));
+                    EXPECT_EQ(execute(plan, cast<float>(rx), cast<float>(rw), cast<float>(rg), cin, cout,
+                                      DType::Float32, true)
+                                  .gw,
+                              automatic_tf32.gw);
+                    EXPECT_EQ(execute(plan, encode16(rx, true), encode16(rw, true), encode16(rg, true), cin, cout,
+                                      DType::Float16)
+                                  .gw,
+                              automatic_half.gw);
+                }
+            }
+        }
+    WeightBlockOrder::set("2");
+    sparsegrid::set_convolution_engine_configuration("auto");
+    const ConvolutionPlan& plan = plans.front();
+    const int64_t sources = plan.source_grid().num_voxels(), targets = plan.target_grid().num_voxels();
+    EXPECT_TRUE(throws_error(
+        [&] {
+            execute(plan, encode16(std::vector<double>(static_cast<size_t>(sources * 64), 0.5), true),
+                    encode16(std::vector<double>(64 * 64 * 27, 0.5), true),
+                    encode16(std::vector<double>(static_cast<size_t>(targets * 64), 0.5), true), 64, 64,
+                    DType::Float16);
+        },
+        "SPARSEGRID_WEIGHT_TAPS_FASTEST", {"1 (taps fastest)", "\"2\""}));
 }
 
 TEST_F(ConvolutionCuda, TunedExecutionsEqualUntunedOnesAndTheChoicesPersist) {
