@@ -301,8 +301,17 @@ class GridBatch:
     def dilated_grid(self, distance):
         return GridBatch(self._handle.dilated_grid(_integer(distance, "distance")))
 
-    def pruned_grid(self, mask):
-        return GridBatch(self._handle.pruned_grid(_on_device(mask, self.device)))
+    def pruned_grid(self, mask, return_index=False):
+        """The voxels whose mask entry (bool or uint8, one per voxel) is nonzero, order preserved. With
+        return_index=True, returns (grid, kept_index): kept_index [N_kept] int64 on the grid's device
+        holds the index in this grid of each kept voxel (increasing), so that features follow as
+        features.index_select(0, kept_index) with no host synchronisation (features[mask] waits for the
+        device). Cost on CUDA: one host synchronisation (the kept counts)."""
+        mask = _on_device(mask, self.device)
+        if not return_index:
+            return GridBatch(self._handle.pruned_grid(mask))
+        handle, kept_index = self._handle.pruned_grid_with_index(mask)
+        return GridBatch(handle), kept_index
 
     def merged_grid(self, other):
         return GridBatch(self._handle.merged_grid(other._handle))

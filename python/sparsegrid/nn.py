@@ -166,10 +166,12 @@ class Prune(nn.Module):
             mask = torch.as_tensor(mask, device=x.grid.device)
         if mask.dtype not in (torch.bool, torch.uint8):
             raise TypeError(f"Prune: mask must be bool or uint8, got {mask.dtype}")
-        mask = mask.reshape(-1).to(torch.bool)
+        mask = mask.reshape(-1)  # bool or uint8 as they are: nonzero keeps
         if mask.numel() != x.grid.num_voxels:
             raise ValueError(f"Prune: mask must have {x.grid.num_voxels} entries, got {mask.numel()}")
-        return SparseFeatures(x.grid.pruned_grid(mask), x.features[mask])
+        # The kept rows by index, not by boolean indexing (which waits for the device to count them).
+        grid, kept_index = x.grid.pruned_grid(mask, return_index=True)
+        return SparseFeatures(grid, x.features.index_select(0, kept_index))
 
 
 class _SparsePool(nn.Module):

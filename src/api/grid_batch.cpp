@@ -449,9 +449,18 @@ GridBatch GridBatch::dilated_grid(int32_t distance) const {
 GridBatch GridBatch::pruned_grid(Span<const uint8_t> mask) const {
     constexpr const char* op = "pruned_grid";
     detail::check_mask(op, mask, num_voxels());
-    GridTopology topology = on_backend(op, device(),
-                                       [&](auto backend) { return backend.pruned_grid(*m_storage, mask.data); });
+    GridTopology topology = on_backend(
+        op, device(), [&](auto backend) { return backend.pruned_grid(*m_storage, mask.data, nullptr); });
     return make_grid(std::move(topology), transforms(), context());
+}
+
+SelectedGrid GridBatch::pruned_grid_with_index(Span<const uint8_t> mask) const {
+    constexpr const char* op = "pruned_grid_with_index";
+    detail::check_mask(op, mask, num_voxels());
+    Buffer<int64_t> kept_index;
+    GridTopology topology = on_backend(
+        op, device(), [&](auto backend) { return backend.pruned_grid(*m_storage, mask.data, &kept_index); });
+    return SelectedGrid{make_grid(std::move(topology), transforms(), context()), std::move(kept_index)};
 }
 
 GridBatch GridBatch::merged_grid(const GridBatch& other) const {

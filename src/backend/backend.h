@@ -125,7 +125,7 @@ struct MapWeightGradient {
       const CoordBox& out_box)                                                                                     \
     X(GridTopology, refined_by_power_of_two, const GridStorage& grid, int32_t log2_factor, const CoordBox& out_box) \
     /* Voxels with a nonzero mask byte, order preserved. */                                                      \
-    X(GridTopology, pruned_grid, const GridStorage& grid, const uint8_t* mask)                                     \
+    X(GridTopology, pruned_grid, const GridStorage& grid, const uint8_t* mask, Buffer<int64_t>* kept_index)        \
     /* Per-member union; equal batch sizes, out_box covers both. */                                              \
     X(GridTopology, merged_grid, const GridStorage& a, const GridStorage& b, const CoordBox& out_box)              \
     /* Voxels of member m inside boxes[6m .. 6m+6) = (lo, hi) inclusive (on the grid's device), order */          \

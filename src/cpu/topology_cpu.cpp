@@ -415,9 +415,9 @@ GridTopology CpuBackend::refined_by_power_of_two(const GridStorage& grid, int32_
     return subdivide_sorted(grid, log2_factor);
 }
 
-GridTopology CpuBackend::pruned_grid(const GridStorage& grid, const uint8_t* mask) {
+GridTopology CpuBackend::pruned_grid(const GridStorage& grid, const uint8_t* mask, Buffer<int64_t>* kept_index) {
     return select_voxels(
-        grid, [mask](int64_t, int64_t v) { return mask[v] != 0; }, nullptr);
+        grid, [mask](int64_t, int64_t v) { return mask[v] != 0; }, kept_index);
 }
 
 GridTopology CpuBackend::clipped_grid(const GridStorage& grid, const int32_t* boxes, Buffer<int64_t>* kept_index) {

@@ -248,8 +248,8 @@ namespace sparsegrid::detail {
 
 using namespace cuda;
 
-GridTopology CudaBackend::pruned_grid(const GridStorage& grid, const uint8_t* mask) {
-    return select_voxels(grid, MaskKeep{mask}, nullptr);
+GridTopology CudaBackend::pruned_grid(const GridStorage& grid, const uint8_t* mask, Buffer<int64_t>* kept_index) {
+    return select_voxels(grid, MaskKeep{mask}, kept_index);
 }
 
 GridTopology CudaBackend::clipped_grid(const GridStorage& grid, const int32_t* boxes, Buffer<int64_t>* kept_index) {

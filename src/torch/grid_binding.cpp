@@ -41,7 +41,9 @@ torch::Tensor mask_bytes(const torch::Tensor& mask, const sparsegrid::GridBatch&
         fail(op, ": mask must be bool or uint8, got ", c10::toString(mask.scalar_type()));
     if (mask.dim() != 1) fail(op, ": mask must have 1 dimension, got ", mask.dim());
     check_device(mask, grid.device(), op, "mask");
-    return mask.to(torch::kUInt8).contiguous();
+    // A bool tensor's bytes are 0 or 1: viewed as uint8 they need no conversion kernel.
+    const torch::Tensor contiguous = mask.contiguous();
+    return contiguous.scalar_type() == torch::kBool ? contiguous.view(torch::kUInt8) : contiguous;
 }
 
 /// [B, 3] float64 voxel sizes (sizes = true) or origins on the grid's device.
@@ -206,6 +208,15 @@ GridBatchHolder::Ptr GridBatchHolder::pruned_grid(torch::Tensor mask) const {
     return wrap(grid.pruned_grid(sparsegrid::Span<const uint8_t>(m.data_ptr<uint8_t>(), m.numel())));
 }
 
+std::tuple<GridBatchHolder::Ptr, torch::Tensor> GridBatchHolder::pruned_grid_with_index(torch::Tensor mask) const {
+    const torch::Tensor m = mask_bytes(mask, grid, "pruned_grid");
+    const CoreScope scope(grid.context());
+    sparsegrid::SelectedGrid pruned = grid.pruned_grid_with_index(
+        sparsegrid::Span<const uint8_t>(m.data_ptr<uint8_t>(), m.numel()));
+    torch::Tensor kept_index = tensor_of(pruned.kept_index, {pruned.kept_index.size()}, torch::kInt64);
+    return {wrap(std::move(pruned.grid)), std::move(kept_index)};
+}
+
 GridBatchHolder::Ptr GridBatchHolder::merged_grid(Ptr other) const {
     if (other->grid.device() != grid.device())
         fail("merged_grid: other is on ", other->grid.device().str(), " but the grid is on ", grid.device().str(),
@@ -220,7 +231,7 @@ std::tuple<GridBatchHolder::Ptr, torch::Tensor> GridBatchHolder::clipped_grid(to
     const std::vector<Vec3i> lo = host_coordinates(ijk_min, op, "ijk_min");
     const std::vector<Vec3i> hi = host_coordinates(ijk_max, op, "ijk_max");
     const CoreScope scope(grid.context());
-    sparsegrid::ClippedGrid clipped = grid.clipped_grid(lo, hi);
+    sparsegrid::SelectedGrid clipped = grid.clipped_grid(lo, hi);
     torch::Tensor kept_index = tensor_of(clipped.kept_index, {clipped.kept_index.size()}, torch::kInt64);
     return {wrap(std::move(clipped.grid)), std::move(kept_index)};
 }

@@ -68,8 +68,12 @@ struct GridBatchHolder : torch::CustomClassHolder {
     Ptr refined_grid(std::vector<int64_t> factor, c10::optional<torch::Tensor> mask) const;
     /// `distance` must fit int32; its range is the core's to check.
     Ptr dilated_grid(int64_t distance) const;
-    /// `mask`: one entry per voxel on the grid's device, nonzero = keep (any dtype).
+    /// `mask`: one bool or uint8 entry per voxel on the grid's device, nonzero = keep.
     Ptr pruned_grid(torch::Tensor mask) const;
+    /// pruned_grid and the index of each kept voxel in this grid: (grid, kept_index [N_kept] int64 on the
+    /// grid's device, increasing), so that features follow as features.index_select(0, kept_index)
+    /// without the host synchronisation of boolean indexing. Cost: the core's (on CUDA one sync).
+    std::tuple<Ptr, torch::Tensor> pruned_grid_with_index(torch::Tensor mask) const;
     Ptr merged_grid(Ptr other) const;
     /// The voxels of each member inside the inclusive box [ijk_min, ijk_max], in their order, and the
     /// index of each in this grid: (grid, kept_index [N_kept] int64 on the grid's device), so that

@@ -85,6 +85,7 @@ TORCH_LIBRARY(sparsegrid, m) {
         .def("refined_grid", &GridBatchHolder::refined_grid)
         .def("dilated_grid", &GridBatchHolder::dilated_grid)
         .def("pruned_grid", &GridBatchHolder::pruned_grid)
+        .def("pruned_grid_with_index", &GridBatchHolder::pruned_grid_with_index)
         .def("merged_grid", &GridBatchHolder::merged_grid)
         .def("clipped_grid", &GridBatchHolder::clipped_grid)
         .def("ijk_to_index", &GridBatchHolder::ijk_to_index)

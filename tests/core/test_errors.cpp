@@ -88,6 +88,7 @@ TEST_P(ErrorsTest, MaskLengthMustMatch) {
     EXPECT_TRUE(throws_error([&] { grid.pruned_grid(short_mask); }, "pruned_grid", {"mask"}));
     EXPECT_TRUE(throws_error([&] { grid.pruned_grid(long_mask); }, "pruned_grid", {"mask"}));
     EXPECT_TRUE(throws_error([&] { grid.pruned_grid(no_mask); }, "pruned_grid", {"mask"}));
+    EXPECT_TRUE(throws_error([&] { grid.pruned_grid_with_index(short_mask); }, "pruned_grid_with_index", {"mask"}));
     EXPECT_TRUE(throws_error([&] { grid.refined_grid(2, short_mask); }, "refined_grid", {"mask"}));
     EXPECT_TRUE(throws_error([&] { grid.refined_grid({2, 1, 2}, long_mask); }, "refined_grid", {"mask"}));
 }

@@ -162,6 +162,7 @@ std::vector<Measurement> measure_every_operation(const Context& ctx) {
     log.grid("refined_grid(2)", 0, [&] { return grid.refined_grid(2); });
     log.grid("refined_grid(2, mask)", 1, [&] { return grid.refined_grid(2, mask); });
     log.grid("pruned_grid(mask)", 1, [&] { return grid.pruned_grid(mask); });
+    log.grid("pruned_grid_with_index(mask)", 1, [&] { return grid.pruned_grid_with_index(mask).grid; });
     log.grid("dilated_grid(1)", 1, [&] { return grid.dilated_grid(1); });
     log.grid("dilated_grid(2)", 1, [&] { return grid.dilated_grid(2); });
     log.grid("merged_grid", 1, [&] { return grid.merged_grid(other); });

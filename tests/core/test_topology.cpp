@@ -291,6 +291,16 @@ TEST_P(TopologyTest, PrunedGridMatchesOracleAndKeepsOrder) {
                 }
                 EXPECT_EQ(pruned.ijk_host(), subsequence);
                 EXPECT_EQ(pruned.voxel_offsets(), offsets);
+                // With the index: the same grid, and each kept voxel's index in the grid it came from.
+                const sparsegrid::SelectedGrid selected = c.grid.pruned_grid_with_index(device_mask);
+                std::vector<int64_t> kept;
+                for (int64_t n = 0; n < c.grid.num_voxels(); ++n)
+                    if (mask[static_cast<std::size_t>(n)]) kept.push_back(n);
+                EXPECT_EQ(selected.grid.ijk_host(), subsequence);
+                EXPECT_EQ(selected.grid.voxel_offsets(), offsets);
+                EXPECT_EQ(selected.grid.transforms(), c.grid.transforms());
+                EXPECT_EQ(selected.kept_index.device(), c.grid.device());
+                EXPECT_EQ(selected.kept_index.to_host(c.grid.context().stream), kept);
             }
         }
 }

@@ -441,6 +441,24 @@ def test_modules_on_cuda_match_the_cpu(cuda_device):
     mask = torch.arange(cpu_grid.num_voxels) % 3 == 0
     pruned = snn.Prune()(x_cuda, mask.to(cuda_device))
     assert_same_grid(pruned.grid, snn.Prune()(x_cpu, mask).grid)
+    torch.testing.assert_close(pruned.features.cpu(), x_cpu.features[mask], rtol=0, atol=0)
+
+
+def test_prune_gathers_its_rows_without_a_torch_synchronisation(cuda_device):
+    # Boolean indexing (features[mask]) waits for the device to count the rows; Prune takes the kept
+    # rows by the index that pruned_grid returns (its own one sync is the library's, not torch's).
+    grid, _ = grid_pair(7)
+    x = snn.SparseFeatures(grid, torch.randn(grid.num_voxels, 5, device=cuda_device, requires_grad=True))
+    mask = torch.arange(grid.num_voxels, device=cuda_device) % 2 == 0
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = snn.Prune()(x, mask)
+        y.features.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(y.features, x.features[mask])
+    assert torch.equal(x.features.grad, mask.to(x.features.dtype).unsqueeze(1).expand(-1, 5))
 
 
 def test_tensors_on_the_wrong_device_raise_clear_errors(cuda_device):

@@ -80,6 +80,22 @@ def test_prune_keeps_rows_and_gradients():
     assert torch.equal(y.features, x.features[mask])
     y.features.sum().backward()
     assert torch.equal(x.features.grad, mask.double().unsqueeze(1).expand(-1, 4))
+    # A uint8 mask keeps where nonzero, any value.
+    bytes_mask = mask.to(torch.uint8) * torch.randint(1, 255, mask.shape, dtype=torch.uint8)
+    z = snn.Prune()(x, bytes_mask)
+    assert torch.equal(z.grid.ijk, y.grid.ijk) and torch.equal(z.features, y.features)
+
+
+def test_pruned_grid_returns_the_kept_indices():
+    x = make_input(6)
+    for mask in (torch.arange(x.grid.num_voxels) % 4 != 1, torch.zeros(x.grid.num_voxels, dtype=torch.bool),
+                 torch.ones(x.grid.num_voxels, dtype=torch.uint8)):
+        grid, kept_index = x.grid.pruned_grid(mask, return_index=True)
+        assert kept_index.dtype == torch.int64
+        assert torch.equal(kept_index, torch.nonzero(mask).reshape(-1))
+        assert torch.equal(grid.ijk, x.grid.ijk[kept_index])
+        assert torch.equal(grid.ijk, x.grid.pruned_grid(mask).ijk)
+        assert torch.equal(grid.joffsets, x.grid.pruned_grid(mask).joffsets)
 
 
 def test_pooling_matches_brute_force():
