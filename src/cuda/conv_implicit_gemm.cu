@@ -504,7 +504,11 @@ int warpgroup_config_index(int bm, int bn, int stages) {
 /// bytes and 32 output channels: g128x64/4 at C = 32 (0.117 against 0.127) and C = 64 (0.209 against
 /// 0.219), g128x128/4 at C = 128 (0.468 against 0.582 with 128 x 128 x 64 B / 4); in float16 the mma.sync
 /// kernels stay ahead (C = 64: 0.153 against 0.200; C = 128: 0.324 against 0.370), each tap's products
-/// being waited for before they are written.
+/// being waited for before they are written. Since their warps of 32 rows store through shared memory
+/// (16-byte vectors), 16-bit scatter above 64 output channels takes 64 x 128 x 128 B / 3, whose warps
+/// are 32 rows tall (H100, k2s2 forward, float16 C = 128: 0.315 / 0.322 against 0.363 / 0.366 with
+/// 128 x 128 x 64 B / 4, whose 64-row warps store pairs; bfloat16 0.323 against 0.366; at C = 64
+/// 128 x 64 x 128 B / 3 stays ahead, 0.146 against 0.191).
 int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_bytes, int volume, bool scatter,
                      bool warpgroup) {
     const int64_t row_bytes = x_channels * static_cast<int64_t>(element_bytes);
@@ -513,6 +517,7 @@ int automatic_config(int64_t x_channels, int64_t y_channels, size_t element_byte
     if (warpgroup && !scatter && row_bytes >= 128 && y_channels >= (element_bytes == 4 ? 32 : 64))
         return y_channels <= 64 ? warpgroup_config_index(128, 64, 4) : warpgroup_config_index(128, 128, 3);
     if (y_channels <= 64) return row_bytes >= 128 ? config_index(128, 64, 128, 3) : config_index(128, 64, 64, 4);
+    if (scatter && element_bytes == 2 && row_bytes >= 128) return config_index(64, 128, 128, 3);
     if (element_bytes == 4 && row_bytes >= 128 && volume >= 27 && !scatter) return config_index(64, 128, 128, 3);
     return config_index(128, 128, 64, 4);
 }
