@@ -24,7 +24,9 @@ Method, per batch size:
        topology %   topology / timed step.
      A span also counts time the GPU waited for the host inside it (Python, host synchronisations), and
      never counts the earlier work still queued when it began, so the spans are disjoint on the stream.
-     "syncs" counts the library's host synchronisations per step (sparsegrid.host_synchronizations).
+     "syncs" counts the library's host synchronisations per step (sparsegrid.host_synchronizations),
+     and on CUDA "torch syncs" those of torch's own operations in one further step (the warnings of
+     torch.cuda.set_sync_debug_mode("warn"), e.g. boolean indexing or .item()).
   3. On CUDA, --profile-iterations further steps under torch.profiler with CUDA activity (CUPTI): each
      step is a record_function range that ends after a synchronisation; GPU busy = the length of the
      union of the kernel, memcpy and memset intervals inside the range / the range's length, and
@@ -46,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -212,6 +215,21 @@ def host_profile(step, count, prefix, device):
     print(f"host profile: {prefix}_operators.txt{kernels}, {prefix}_python.txt", flush=True)
 
 
+def torch_syncs(step):
+    """Host synchronisations of torch's own operations in one step: the warnings of
+    torch.cuda.set_sync_debug_mode("warn") (the library's are counted by sg.host_synchronizations)."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
 def run_batch(args, device, members):
     shapes = [member.to(device) for member in members]
     encoder, decoder = vae.build_model(args, device)
@@ -247,6 +265,7 @@ def run_batch(args, device, members):
                 host.append(returned - start)
         profiler.enabled = False
         activity = (None, None, None)
+        torch_sync_count = torch_syncs(step) if device.type == "cuda" else None
         if device.type == "cuda" and args.profile_iterations:
             activity = gpu_activity(step, args.profile_iterations)
         if args.host_profile and args.profile_iterations:
@@ -272,6 +291,7 @@ def run_batch(args, device, members):
         "rest_ms": ms([t - topo - s["convolutions"] for t, topo, s in zip(timed, topology, split)]),
         "topology_fraction": median([topo / t for topo, t in zip(topology, timed)]),
         "host_syncs_per_step": median(syncs),
+        "torch_syncs_per_step": torch_sync_count,
         "gpu_busy": activity[0],
         "kernels_per_step": activity[1],
         "profiled_step_ms": activity[2],
@@ -288,7 +308,8 @@ def table(rows, on_cuda):
     first = rows[0]
     first_voxels = first["input_voxels"] + first["decoder_voxels"]
     header = ("| batch | input voxels | decoder voxels | step ms | host ms | topology ms | plans ms | pyramid ms "
-              "| conv ms | rest ms | topology % | syncs | GPU busy | kernels | topology growth / voxel growth |")
+              "| conv ms | rest ms | topology % | syncs | torch syncs | GPU busy | kernels "
+              "| topology growth / voxel growth |")
     lines = [header, "|" + "|".join("---:" for _ in range(header.count("|") - 1)) + "|"]
     for row in rows:
         voxel_growth = (row["input_voxels"] + row["decoder_voxels"]) / first_voxels
@@ -299,7 +320,7 @@ def table(rows, on_cuda):
             f"| {cell(row['host_ms'])} | {cell(row['topology_ms'])} | {cell(row['plans_ms'])} "
             f"| {cell(row['pyramid_ms'])} "
             f"| {cell(row['convolution_ms'])} | {cell(row['rest_ms'])} | {cell(100 * row['topology_fraction'], 1)} "
-            f"| {cell(row['host_syncs_per_step'], 0)} "
+            f"| {cell(row['host_syncs_per_step'], 0)} | {cell(row['torch_syncs_per_step'], 0)} "
             f"| {cell(busy, 1) + ' %' if on_cuda and busy is not None else '-'} "
             f"| {cell(row['kernels_per_step'], 0)} | {cell(growth)} |")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -167,6 +168,9 @@ def test_train_step_benchmark_writes_table_and_json(tmp_path, device):
         assert 0 < row["topology_fraction"] < 1
         if device == "cuda":
             assert 0 < row["gpu_busy"] <= 1 and row["kernels_per_step"] > 0
+            assert row["torch_syncs_per_step"] == 0  # Prune gathers by index (no boolean indexing)
+        else:
+            assert row["torch_syncs_per_step"] is None
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -218,3 +222,15 @@ def test_vae_step_synchronises_once_for_its_fixed_grids_and_once_per_prune():
         before = sg.host_synchronizations()
         vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler, keep_targets=keep_targets)
         assert sg.host_synchronizations() - before == 1 + (vae.LEVELS - 1), f"keep_targets={keep_targets}"
+    # And torch's own operations in the step wait for nothing (Prune gathers its rows by index, not by
+    # boolean indexing): torch.cuda.set_sync_debug_mode("warn") warns at each such wait.
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+    assert not waits, waits

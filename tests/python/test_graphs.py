@@ -169,3 +169,56 @@ def test_a_captured_training_step_replays_the_eager_steps_bitwise(cuda_device):
         for (name, p), q in zip(model.named_parameters(), eager_model.parameters()):
             assert torch.equal(p, q), f"{name} after three captured steps differs from three eager steps"
     torch.cuda.current_stream().wait_stream(side)
+
+
+def test_a_decoder_level_after_its_prune_is_captured_and_replays_bitwise(cuda_device):
+    # A generative decoder level: the prune (data-dependent: it reads the kept count back) runs eagerly,
+    # then the level on the pruned grid, a generative transposed convolution (k2s2) to the grid it
+    # generates, a submanifold convolution there and the head's logits, is captured forward and
+    # backward once its plans exist, and replays the eager level bitwise for new features.
+    torch.manual_seed(13)
+    up = snn.SparseConvTranspose3d(16, 8, 2, 2).to(cuda_device)
+    refine = snn.SparseConv3d(8, 8, 3).to(cuda_device)
+    head = snn.SparseConv3d(8, 1, 1).to(cuda_device)
+    params = [p for module in (up, refine, head) for p in module.parameters()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        coarse = grid_on(cuda_device, 3104)
+        keep = torch.arange(coarse.num_voxels, device=cuda_device) % 3 != 0
+        features = torch.randn(coarse.num_voxels, 16, device=cuda_device)
+        pruned = snn.Prune()(snn.SparseFeatures(coarse, features), keep)
+        inputs = [torch.randn_like(pruned.features) for _ in range(3)]
+
+        def level(x):
+            fine = snn.Features(nn.ELU())(up(snn.SparseFeatures(pruned.grid, x)))
+            logits = head(refine(fine)).features
+            logits.square().sum().backward()
+            return logits
+
+        def eager(x):
+            for p in params:
+                p.grad = None
+            out = level(x)
+            return out.detach().clone(), [p.grad.detach().clone() for p in params]
+
+        for _ in range(2):
+            eager(inputs[0])  # warm-up: the generated grid and every plan, kept on the grids
+        expected = [eager(x) for x in inputs]
+        static_input = inputs[0].clone()
+        for p in params:
+            p.grad = None
+        graph = torch.cuda.CUDAGraph()
+        syncs = sg.host_synchronizations()
+        with torch.cuda.graph(graph, stream=side):
+            static_out = level(static_input)
+        assert sg.host_synchronizations() == syncs, "the captured level waited for the GPU"
+        static_grads = [p.grad for p in params]
+        for x, (out, grads) in zip(reversed(inputs), reversed(expected)):
+            static_input.copy_(x)
+            graph.replay()
+            side.synchronize()
+            assert torch.equal(static_out, out), "captured logits differ from the eager ones"
+            for captured, want in zip(static_grads, grads):
+                assert torch.equal(captured, want), "a captured gradient differs from the eager one"
+    torch.cuda.current_stream().wait_stream(side)
