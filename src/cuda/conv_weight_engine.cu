@@ -597,9 +597,10 @@ bool weight_taps_fastest(const MapWeightGradient& args, int64_t a_channels, int6
     if (forced == "1") return true;
     if (forced == "0") return false;
     if (!forced.empty())
-        throw_error("SPARSEGRID_WEIGHT_TAPS_FASTEST must be 1 (taps fastest), 0 (taps slowest) or unset "
-                    "(automatic), not \"",
-                    forced, "\"");
+        throw_error(
+            "SPARSEGRID_WEIGHT_TAPS_FASTEST must be 1 (taps fastest), 0 (taps slowest) or unset "
+            "(automatic), not \"",
+            forced, "\"");
     int l2_bytes = 0;
     SPARSEGRID_CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, ctx.device.index));
     const int64_t gathered_rows = args.gathered_rows > 0 ? args.gathered_rows : args.rows;
