@@ -585,10 +585,9 @@ int64_t weight_engine_slots(int64_t rows, int32_t volume, int64_t slot_bytes) {
 
 /// The block order of launch_weight_kernel: taps fastest when the two operands (the rows of `gathered`
 /// and of `per_row`) together pass the device's L2 cache, so that a wave of blocks shares a few slots'
-/// rows; otherwise, with the operands resident in L2 anyway, taps slowest, whose waves run blocks of
-/// one tap with similar edge counts side by side (H100, float16, batch-16 reference, k3s1 C = 64: 38.6
-/// MB of operands, 0.116 ms against 0.121 taps fastest; at 77 MB, C = 128, 0.244 against 0.286 taps
-/// slowest). Grids of more than 65535 taps take taps fastest. SPARSEGRID_WEIGHT_TAPS_FASTEST=1 or 0
+/// rows; otherwise, with the operands resident in L2 anyway, taps slowest, which measured faster there
+/// (not profiled; H100, float16, batch-16 reference, k3s1 C = 64: 38.6 MB of operands, 0.116 ms against
+/// 0.121 taps fastest; at 77 MB, C = 128, 0.244 against 0.286 taps slowest). Grids of more than 65535 taps take taps fastest. SPARSEGRID_WEIGHT_TAPS_FASTEST=1 or 0
 /// forces either order (for tests and measurements; read at every call). No part of the sums.
 bool weight_taps_fastest(const MapWeightGradient& args, int64_t a_channels, int64_t b_channels, size_t element_bytes,
                          const Context& ctx) {
