@@ -1,8 +1,8 @@
 // CUDA backend of lookups and kernel maps. A lookup finds a (member, coordinate) among the source grid's
-// voxels: by default in an open-addressing hash table over the grid's 64-bit keys, built per call (one
-// launch); with 128-bit keys, or SPARSEGRID_LOOKUP=search, by a binary search over the grid's keys,
-// which are sorted because the grid is in voxel order. Keys are unique, so both give the same answers
-// whatever the order of the table's inserts. Every map entry is computed by its own thread; the
+// voxels: by default in an open-addressing hash table over the grid's 64-bit keys, built once per grid
+// and kept with it (with_lookup); with 128-bit keys, or SPARSEGRID_LOOKUP=search, by a binary search
+// over the grid's keys, which are sorted because the grid is in voxel order. Keys are unique, so both
+// give the same answers whatever the order of the table's inserts. Every map entry is computed by its own thread; the
 // symmetric stride-1 map (chosen by the front end) looks up half the taps and mirrors the rest.
 #include "backend/backend.h"
 #include "core/env.h"
