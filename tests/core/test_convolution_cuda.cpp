@@ -379,6 +379,24 @@ std::vector<double> decode16(const std::vector<uint16_t>& bits, bool half) {
     return out;
 }
 
+/// A plan's inputs x [source, cin], w [cout, cin, K], g [target, cout] twice: as multiples of 1/8 (exact
+/// in every dtype), then uniform in [-1, 1] (rx, rw, rg), drawn from rng in that order.
+struct EngineInputs {
+    std::vector<double> x, w, g, rx, rw, rg;
+};
+EngineInputs engine_inputs(Rng& rng, const ConvolutionPlan& plan, int64_t cin, int64_t cout) {
+    const int64_t volume = plan.kernel_volume();
+    const int64_t sources = plan.source_grid().num_voxels(), targets = plan.target_grid().num_voxels();
+    EngineInputs in;
+    in.x = random_eighths(rng, sources * cin);
+    in.w = random_eighths(rng, cout * cin * volume);
+    in.g = random_eighths(rng, targets * cout);
+    in.rx = uniform_values(rng, sources * cin);
+    in.rw = uniform_values(rng, cout * cin * volume);
+    in.rg = uniform_values(rng, targets * cout);
+    return in;
+}
+
 /// The engine's configurations back on the automatic choice when a test ends, whatever happened.
 struct AutomaticEngineConfiguration {
     ~AutomaticEngineConfiguration() { sparsegrid::set_convolution_engine_configuration("auto"); }
@@ -405,13 +423,7 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
     for (const ConvolutionPlan& plan : plans)
         for (const auto& [cin, cout] : channels) {
             const int64_t volume = plan.kernel_volume();
-            const int64_t sources = plan.source_grid().num_voxels(), targets = plan.target_grid().num_voxels();
-            const std::vector<double> x = random_eighths(rng, sources * cin),
-                                      w = random_eighths(rng, cout * cin * volume),
-                                      g = random_eighths(rng, targets * cout);
-            const std::vector<double> rx = uniform_values(rng, sources * cin),
-                                      rw = uniform_values(rng, cout * cin * volume),
-                                      rg = uniform_values(rng, targets * cout);
+            const auto& [x, w, g, rx, rw, rg] = engine_inputs(rng, plan, cin, cout);
             sparsegrid::set_convolution_engine_configuration("off");
             const Results<float> exact = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
                                                  DType::Float32);
@@ -501,13 +513,7 @@ TEST_F(ConvolutionCuda, WeightGradientBlockOrdersAreExactAndBitwiseAlike) {
     for (const ConvolutionPlan& plan : plans)
         for (const auto& [cin, cout] : channels) {
             const int64_t volume = plan.kernel_volume();
-            const int64_t sources = plan.source_grid().num_voxels(), targets = plan.target_grid().num_voxels();
-            const std::vector<double> x = random_eighths(rng, sources * cin),
-                                      w = random_eighths(rng, cout * cin * volume),
-                                      g = random_eighths(rng, targets * cout);
-            const std::vector<double> rx = uniform_values(rng, sources * cin),
-                                      rw = uniform_values(rng, cout * cin * volume),
-                                      rg = uniform_values(rng, targets * cout);
+            const auto& [x, w, g, rx, rw, rg] = engine_inputs(rng, plan, cin, cout);
             sparsegrid::set_convolution_engine_configuration("off");
             const Results<float> exact = execute(plan, cast<float>(x), cast<float>(w), cast<float>(g), cin, cout,
                                                  DType::Float32);

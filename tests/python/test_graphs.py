@@ -51,6 +51,42 @@ def grid_on(device, seed):
     return sg.GridBatch.from_ijk([m.to(device) for m in members], device=device)
 
 
+def assert_capture_replays_eager(step, inputs, named_params, side):
+    """Runs step(features) (forward and backward) eagerly on each of `inputs`, after two warm-up runs
+    (every plan, kept on the grids, their execution orders, transposed maps and the gradients' buffers),
+    then captures it on `side` without a host synchronisation and checks that replays on the same inputs
+    give bitwise the eager outputs and gradients. Called on the stream `side`."""
+    params = [p for _, p in named_params]
+
+    def eager(features):
+        for p in params:
+            p.grad = None
+        out = step(features)
+        return out.detach().clone(), [p.grad.detach().clone() for p in params]
+
+    for _ in range(2):
+        eager(inputs[0])
+    expected = [eager(x) for x in inputs]
+
+    static_input = inputs[0].clone()
+    for p in params:
+        p.grad = None
+    graph = torch.cuda.CUDAGraph()
+    syncs = sg.host_synchronizations()
+    with torch.cuda.graph(graph, stream=side):
+        static_out = step(static_input)
+    assert sg.host_synchronizations() == syncs, "the captured step waited for the GPU"
+    static_grads = [p.grad for p in params]
+
+    for x, (out, grads) in zip(reversed(inputs), reversed(expected)):
+        static_input.copy_(x)
+        graph.replay()  # the gradients were None when captured: each replay writes them anew
+        side.synchronize()
+        assert torch.equal(static_out, out), "captured output differs from the eager one"
+        for (name, _), captured, want in zip(named_params, static_grads, grads):
+            assert torch.equal(captured, want), f"captured gradient of {name} differs from the eager one"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
 def test_captured_forward_and_backward_replay_the_eager_step_bitwise(cuda_device, dtype):
     # A grid's work runs on the stream that was current when it was built, so the grid is built on the
@@ -58,7 +94,6 @@ def test_captured_forward_and_backward_replay_the_eager_step_bitwise(cuda_device
     # launches would not be part of the capture. The warm-up runs there too, as torch.cuda.graph asks.
     torch.manual_seed(7)
     model = Network().to(cuda_device, dtype)
-    params = list(model.parameters())
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -71,35 +106,7 @@ def test_captured_forward_and_backward_replay_the_eager_step_bitwise(cuda_device
             (out.float() * probe.float()).sum().backward()
             return out
 
-        def eager(features):
-            for p in params:
-                p.grad = None
-            out = step(features)
-            return out.detach().clone(), [p.grad.detach().clone() for p in params]
-
-        # Warm-up: builds every plan (kept on the grids), their execution orders, transposed maps and the
-        # gradients' buffers.
-        for _ in range(2):
-            eager(inputs[0])
-        expected = [eager(x) for x in inputs]
-
-        static_input = inputs[0].clone()
-        for p in params:
-            p.grad = None
-        g = torch.cuda.CUDAGraph()
-        syncs = sg.host_synchronizations()
-        with torch.cuda.graph(g, stream=side):
-            static_out = step(static_input)
-        assert sg.host_synchronizations() == syncs, "the captured step waited for the GPU"
-        static_grads = [p.grad for p in params]
-
-        for x, (out, grads) in zip(reversed(inputs), reversed(expected)):
-            static_input.copy_(x)
-            g.replay()  # the gradients were None when captured: each replay writes them anew
-            side.synchronize()
-            assert torch.equal(static_out, out), "captured output differs from the eager one"
-            for name, (captured, want) in zip((n for n, _ in model.named_parameters()), zip(static_grads, grads)):
-                assert torch.equal(captured, want), f"captured gradient of {name} differs from the eager one"
+        assert_capture_replays_eager(step, inputs, list(model.named_parameters()), side)
     torch.cuda.current_stream().wait_stream(side)
 
 
@@ -180,7 +187,6 @@ def test_a_decoder_level_after_its_prune_is_captured_and_replays_bitwise(cuda_de
     up = snn.SparseConvTranspose3d(16, 8, 2, 2).to(cuda_device)
     refine = snn.SparseConv3d(8, 8, 3).to(cuda_device)
     head = snn.SparseConv3d(8, 1, 1).to(cuda_device)
-    params = [p for module in (up, refine, head) for p in module.parameters()]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -196,29 +202,7 @@ def test_a_decoder_level_after_its_prune_is_captured_and_replays_bitwise(cuda_de
             logits.square().sum().backward()
             return logits
 
-        def eager(x):
-            for p in params:
-                p.grad = None
-            out = level(x)
-            return out.detach().clone(), [p.grad.detach().clone() for p in params]
-
-        for _ in range(2):
-            eager(inputs[0])  # warm-up: the generated grid and every plan, kept on the grids
-        expected = [eager(x) for x in inputs]
-        static_input = inputs[0].clone()
-        for p in params:
-            p.grad = None
-        graph = torch.cuda.CUDAGraph()
-        syncs = sg.host_synchronizations()
-        with torch.cuda.graph(graph, stream=side):
-            static_out = level(static_input)
-        assert sg.host_synchronizations() == syncs, "the captured level waited for the GPU"
-        static_grads = [p.grad for p in params]
-        for x, (out, grads) in zip(reversed(inputs), reversed(expected)):
-            static_input.copy_(x)
-            graph.replay()
-            side.synchronize()
-            assert torch.equal(static_out, out), "captured logits differ from the eager ones"
-            for captured, want in zip(static_grads, grads):
-                assert torch.equal(captured, want), "a captured gradient differs from the eager one"
+        named = [(f"{name}.{n}", p) for name, module in (("up", up), ("refine", refine), ("head", head))
+                 for n, p in module.named_parameters()]
+        assert_capture_replays_eager(level, inputs, named, side)
     torch.cuda.current_stream().wait_stream(side)
