@@ -392,6 +392,7 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
             chunk = 0;
             // The tap's products are complete: each goes to its row's one output row at this tap.
             const int32_t* targets = table + active[tap_index++] * kTableStride;
+            // (Tested at every tap: held in a register across the loop, the flag cost 128 x 32 tiles a spill.)
             if (kStagedScatter && y_channels % kElementsPerVector == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
                 write_scattered(targets);
             else
