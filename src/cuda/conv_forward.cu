@@ -67,6 +67,19 @@ __device__ __forceinline__ void block_tap_mask(const int32_t* __restrict__ map, 
     __syncthreads();
 }
 
+/// The weights as given ([Cout, Cin, taps] in T), read in place by map_conv_kernel instead of packed:
+/// entry (k, n) of packed tap t is weight[k * k_stride + n * n_stride + tap], tap = t or, with
+/// `reverse_taps`, volume - 1 - t (pack_weight_kernel's mapping). For narrow layers, whose weights are a
+/// few KB that every block reads from the cache, this saves the packing's launch and allocation.
+template <typename T>
+struct WeightInPlace {
+    const T* weight = nullptr;  // null: the kernel reads `packed`
+    int64_t k_stride = 0;
+    int64_t n_stride = 0;
+    int32_t volume = 0;
+    bool reverse_taps = false;
+};
+
 /// out[r, n] = sum_t sum_k x[map[r][t], k] * packed[t][k][n]: a BM x BN output tile per block, TM x TN
 /// outputs per thread. With `scatter` the map's rows are the input's and every output row has at most
 /// one edge: out[map[r][t], n] = sum_k x[r, k] * packed[t][k][n], each written once (rows without an
@@ -75,8 +88,8 @@ __device__ __forceinline__ void block_tap_mask(const int32_t* __restrict__ map, 
 template <typename T, typename A, int BM, int BN, int BK, int TM, int TN>
 __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
     const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
-    const T* __restrict__ x, const A* __restrict__ packed, T* __restrict__ out, int32_t x_channels, int32_t y_channels,
-    bool vector_x, bool vector_w, bool scatter) {
+    const T* __restrict__ x, const A* __restrict__ packed, WeightInPlace<T> in_place, T* __restrict__ out,
+    int32_t x_channels, int32_t y_channels, bool vector_x, bool vector_w, bool scatter) {
     constexpr int kColumns = BN / TN;
     constexpr int kThreadCount = (BM / TM) * kColumns;
     constexpr int kRowStride = BM / (TM > 4 ? TM / 4 : 1);  // between a thread's runs of 4 rows (TM = 8)
@@ -124,7 +137,9 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
         int64_t targets[TM];  // scatter: this thread's output rows at tap t (read before source[] changes)
 #pragma unroll
         for (int i = 0; i < TM; ++i) targets[i] = scatter ? source[row + tile_offset<TM, kRowStride>(i)] : -1;
-        const A* w = packed + int64_t{t} * x_channels * y_channels;
+        const A* w = in_place.weight ? nullptr : packed + int64_t{t} * x_channels * y_channels;
+        const T* w_in_place = in_place.weight ? in_place.weight + (in_place.reverse_taps ? in_place.volume - 1 - t : t)
+                                              : nullptr;
         for (int k0 = 0; k0 < x_channels; k0 += BK) {
             if (kVector && vector_x) {
                 for (int idx = tid; idx < BM * (BK / 4); idx += kThreadCount) {
@@ -163,8 +178,13 @@ __global__ __launch_bounds__((BM / TM) * (BN / TN)) void map_conv_kernel(
                     const int kk = idx / BN;
                     const int n = idx % BN;
                     const int k = k0 + kk;
-                    b_tile[kk][n] = (k < x_channels && n0 + n < y_channels) ? w[int64_t{k} * y_channels + n0 + n]
-                                                                            : A(0);
+                    if (k >= x_channels || n0 + n >= y_channels)
+                        b_tile[kk][n] = A(0);
+                    else if (w_in_place)
+                        b_tile[kk][n] = to_acc<A>(
+                            w_in_place[int64_t{k} * in_place.k_stride + (n0 + n) * in_place.n_stride]);
+                    else
+                        b_tile[kk][n] = w[int64_t{k} * y_channels + n0 + n];
                 }
             }
             __syncthreads();
@@ -331,14 +351,14 @@ __global__ __launch_bounds__(128) void map_conv_tensor_kernel(const int32_t* __r
 
 template <typename T, typename A, int BM, int BN, int BK, int TM, int TN>
 void launch_map_conv(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const T* x,
-                     const A* packed, T* out, int32_t x_channels, int32_t y_channels, bool scatter,
-                     cudaStream_t stream) {
+                     const A* packed, const WeightInPlace<T>& in_place, T* out, int32_t x_channels, int32_t y_channels,
+                     bool scatter, cudaStream_t stream) {
     constexpr int kThreadCount = (BM / TM) * (BN / TN);
     const bool vector_x = x_channels % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
-    const bool vector_w = y_channels % 4 == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0;
+    const bool vector_w = !in_place.weight && y_channels % 4 == 0 && reinterpret_cast<uintptr_t>(packed) % 16 == 0;
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     map_conv_kernel<T, A, BM, BN, BK, TM, TN><<<grid, kThreadCount, 0, stream>>>(
-        map, order, rows, volume, x, packed, out, x_channels, y_channels, vector_x, vector_w, scatter);
+        map, order, rows, volume, x, packed, in_place, out, x_channels, y_channels, vector_x, vector_w, scatter);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -405,8 +425,20 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
             return;
         }
     }
-    Buffer<A> packed = Buffer<A>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
-    pack_weight<T, A>(args, packed.data(), in_channels, out_channels, stream);
+    // Narrow layers (both channel counts at most 32) read the weights in place when they are in T;
+    // others pack them once per call.
+    WeightInPlace<T> in_place;
+    Buffer<A> packed;
+    if (x_channels <= 32 && y_channels <= 32 && args.weight_dtype == args.dtype) {
+        in_place.weight = static_cast<const T*>(args.weight);
+        in_place.k_stride = transpose_weight ? in_channels * volume : volume;
+        in_place.n_stride = transpose_weight ? volume : in_channels * volume;
+        in_place.volume = volume;
+        in_place.reverse_taps = args.reverse_taps;
+    } else {
+        packed = Buffer<A>::allocate(int64_t{volume} * x_channels * y_channels, ctx);
+        pack_weight<T, A>(args, packed.data(), in_channels, out_channels, stream);
+    }
     const auto xc = static_cast<int32_t>(x_channels);
     const auto yc = static_cast<int32_t>(y_channels);
     const A* w = packed.data();
@@ -414,19 +446,19 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
     auto launch = [&](auto depth) {
         constexpr int BK = decltype(depth)::value;
         if (yc <= 16)
-            return launch_map_conv<T, A, 256, 16, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter,
-                                                            stream);
+            return launch_map_conv<T, A, 256, 16, BK, 4, 4>(map, order, rows, volume, x, w, in_place, out, xc, yc,
+                                                            scatter, stream);
         if (yc <= 32)
-            return launch_map_conv<T, A, 128, 32, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter,
-                                                            stream);
+            return launch_map_conv<T, A, 128, 32, BK, 4, 4>(map, order, rows, volume, x, w, in_place, out, xc, yc,
+                                                            scatter, stream);
         if constexpr (std::is_same_v<A, float>) {
             // k steps of 16 here: with 32 these tiles were slower on an H200 (k2s2 at C = 128 forward 1.79
             // against 1.46 ms).
             if (wide && yc > 64)
-                return launch_map_conv<T, A, 64, 128, 16, 8, 8>(map, order, rows, volume, x, w, out, xc, yc, scatter,
-                                                                stream);
+                return launch_map_conv<T, A, 64, 128, 16, 8, 8>(map, order, rows, volume, x, w, in_place, out, xc, yc,
+                                                                scatter, stream);
         }
-        launch_map_conv<T, A, 64, 64, BK, 4, 4>(map, order, rows, volume, x, w, out, xc, yc, scatter, stream);
+        launch_map_conv<T, A, 64, 64, BK, 4, 4>(map, order, rows, volume, x, w, in_place, out, xc, yc, scatter, stream);
     };
     if constexpr (std::is_same_v<T, float>) {
         if (wide && xc >= 32) return launch(std::integral_constant<int, 32>{});

@@ -5,6 +5,7 @@
 // slot; a second kernel adds the slots in chunk order. No atomics, so every result is bitwise
 // reproducible.
 #include "backend/backend.h"
+#include "core/env.h"
 #include "core/errors.h"
 #include "cuda/conv_tiles.cuh"
 #include "cuda/cuda_common.cuh"
@@ -101,6 +102,82 @@ __global__ __launch_bounds__(kConvThreads) void weight_grad_kernel(const int32_t
             const int co = n0 + tx * TN + j;
             if (co < out_channels) slot[int64_t{ci} * out_channels + co] = acc[i][j];
         }
+    }
+}
+
+/// Whether weight_grad_narrow_kernel takes a problem: both channel counts at most 32, and at most 256
+/// products (one per thread). Off with SPARSEGRID_WEIGHT_NARROW=0 (for measurements; same results up to
+/// the order of the sums).
+bool narrow_weight_gradient(int64_t gathered_channels, int64_t row_channels) {
+    static const bool enabled = env_switch("SPARSEGRID_WEIGHT_NARROW", true);
+    return enabled && gathered_channels <= 32 && row_channels <= 32 && gathered_channels * row_channels <= 256;
+}
+
+/// weight_grad_kernel for narrow channel counts (narrow_weight_gradient), where a 32 x 32 tile would leave
+/// most of its products zero: the 256 threads form G = 256 / (ca x cb) groups of one thread per product
+/// (a, b); each chunk's edges are compacted as there and staged kEdges at a time (the rows of x and of
+/// grad of all of them in flight at once), group g summing the staged edges g, g + G, ... in order; at
+/// the end the G sums of a product are added in group order. The order depends only on the shape.
+template <typename T, typename A>
+__global__ __launch_bounds__(kConvThreads,
+                             4) void weight_grad_narrow_kernel(const int32_t* __restrict__ map, int64_t rows,
+                                                               int32_t volume, const T* __restrict__ x,
+                                                               const T* __restrict__ grad, A* __restrict__ partial,
+                                                               int32_t ca, int32_t cb, int64_t rows_per_chunk) {
+    constexpr int kEdges = sizeof(A) == 8 ? 64 : 128;  // staged edges: at most kEdges x 40 values
+    using BlockScan = cub::BlockScan<int, kConvThreads>;
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    __shared__ int32_t edge_source[kGradScan];
+    __shared__ int64_t edge_row[kGradScan];
+    __shared__ A staged[kEdges * 40];  // ca + cb <= 40 when both are <= 32 with ca x cb <= 256
+    __shared__ A sums[kConvThreads];
+
+    const int tid = static_cast<int>(threadIdx.x);
+    const int products = ca * cb;
+    const int groups = kConvThreads / products;
+    const int group = tid / products;
+    const int a = (tid % products) / cb;
+    const int b = tid % cb;
+    A* x_rows = staged;                // [kEdges][ca]
+    A* g_rows = staged + kEdges * ca;  // [kEdges][cb]
+    const int64_t chunk = blockIdx.y;
+    const int32_t t = static_cast<int32_t>(blockIdx.z);
+    const int64_t begin = chunk * rows_per_chunk;
+    const int64_t end = begin + rows_per_chunk < rows ? begin + rows_per_chunk : rows;
+
+    A acc = A(0);
+    for (int64_t base = begin; base < end; base += kGradScan) {
+        const int64_t r = base + tid;
+        int32_t s = -1;
+        if (r < end) s = map ? map[r * volume + t] : static_cast<int32_t>(r);
+        const int has_edge = s >= 0 ? 1 : 0;
+        int position = 0;
+        int edges = 0;
+        BlockScan(scan_storage).ExclusiveSum(has_edge, position, edges);
+        if (has_edge) {
+            edge_source[position] = s;
+            edge_row[position] = r;
+        }
+        __syncthreads();
+        for (int e0 = 0; e0 < edges; e0 += kEdges) {
+            const int count = edges - e0 < kEdges ? edges - e0 : kEdges;
+            for (int idx = tid; idx < count * ca; idx += kConvThreads)
+                x_rows[idx] = to_acc<A>(x[int64_t{edge_source[e0 + idx / ca]} * ca + idx % ca]);
+            for (int idx = tid; idx < count * cb; idx += kConvThreads)
+                g_rows[idx] = to_acc<A>(grad[edge_row[e0 + idx / cb] * cb + idx % cb]);
+            __syncthreads();
+            if (group < groups)
+                for (int e = group; e < count; e += groups) acc += x_rows[e * ca + a] * g_rows[e * cb + b];
+            __syncthreads();
+        }
+        __syncthreads();  // edge lists and scan storage are reused by the next batch of rows
+    }
+    sums[tid] = acc;
+    __syncthreads();
+    if (tid < products) {
+        A total = sums[tid];
+        for (int g = 1; g < groups; ++g) total += sums[g * products + tid];
+        partial[(chunk * volume + t) * int64_t{products} + tid] = total;
     }
 }
 
@@ -276,6 +353,12 @@ void map_weight_gradient_typed(const MapWeightGradient& args, const Context& ctx
         // Float: edges in steps of 32 (wide tile shapes), else 16 (8 in double).
         constexpr int kDeep = std::is_same_v<T, float> ? 32 : BK;
         const bool deep = std::is_same_v<T, float> && wide_register_tiles();
+        if (!launched && narrow_weight_gradient(gathered_channels, row_channels)) {
+            const dim3 narrow_grid(1, static_cast<unsigned>(chunks), static_cast<unsigned>(volume));
+            weight_grad_narrow_kernel<T, A><<<narrow_grid, kConvThreads, 0, stream>>>(
+                map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk);
+            launched = true;
+        }
         if (!launched && tile == 64 && deep)
             weight_grad_kernel<T, A, 64, kDeep><<<grid, kConvThreads, 0, stream>>>(
                 map, rows, volume, gathered, per_row, partial.data(), ca, cb, rows_per_chunk, columns);

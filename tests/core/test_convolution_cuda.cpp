@@ -226,8 +226,10 @@ protected:
 
 TEST_F(ConvolutionCuda, MatchesCpuForEveryPlanKind) {
     // Every tile shape: up to 16, 32, 64 and over 64 output channels (in either direction), channel counts
-    // with and without float4 rows, and more output channels than one 128-wide tile.
-    const std::vector<std::pair<int64_t, int64_t>> channels{{1, 1}, {3, 17}, {40, 5}, {33, 70}, {64, 132}};
+    // with and without float4 rows, and more output channels than one 128-wide tile; and the narrow
+    // weight gradient (both counts <= 32, at most 256 products) with 256, 5, 4 and 1 groups of threads.
+    const std::vector<std::pair<int64_t, int64_t>> channels{{1, 1},    {3, 17}, {40, 5}, {33, 70},
+                                                            {64, 132}, {8, 8},  {7, 32}};
     int64_t seed = 100;
     for (const PlanCase& plan_case : plan_cases())
         for (const auto& [cin, cout] : channels) {
@@ -273,6 +275,7 @@ TEST_F(ConvolutionCuda, SyntheticSurfacesManyBlocksAndChunks) {
                             return ConvolutionPlan::make_transposed(a, {2, 2, 2}, {2, 2, 2});
                         }};
     compare_backends(k3s1, members, members, 32, 32, rng);
+    compare_backends(k3s1, members, members, 8, 8, rng);  // the narrow weight gradient over many chunks
     compare_backends(k2s2, members, members, 16, 64, rng);
     // The 8 x 8 register tiles (over 64 output channels) on ordered maps, and 64 x 64 tiles the other way.
     compare_backends(k3s1, members, members, 48, 72, rng);
@@ -283,18 +286,21 @@ TEST_F(ConvolutionCuda, RepeatedRunsAreBitwiseIdentical) {
     const GridBatch grid = GridBatch::from_ijk(members, {}, cuda_context());
     const ConvolutionPlan plan = ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1});
     Rng rng(3);
-    const int64_t cin = 24, cout = 48;
-    // The target is conv_grid(3, 1) of the grid (the dilated grid), larger than the source.
-    std::vector<float> x(static_cast<size_t>(grid.num_voxels() * cin)), w(static_cast<size_t>(cout * cin * 27)),
-        g(static_cast<size_t>(plan.target_grid().num_voxels() * cout));
-    for (float& v : x) v = static_cast<float>(uniform_real(rng, -1, 1));
-    for (float& v : w) v = static_cast<float>(uniform_real(rng, -1, 1));
-    for (float& v : g) v = static_cast<float>(uniform_real(rng, -1, 1));
-    const Results<float> first = execute(plan, x, w, g, cin, cout, DType::Float32);
-    const Results<float> second = execute(plan, x, w, g, cin, cout, DType::Float32);
-    EXPECT_EQ(first.y, second.y);
-    EXPECT_EQ(first.gx, second.gx);
-    EXPECT_EQ(first.gw, second.gw);
+    // 24 -> 48 channels, and 8 -> 16 (the narrow weight gradient, 2 groups of threads per product).
+    for (const auto& [cin, cout] : {std::pair<int64_t, int64_t>{24, 48}, std::pair<int64_t, int64_t>{8, 16}}) {
+        SCOPED_TRACE(::testing::Message() << "cin " << cin << " cout " << cout);
+        // The target is conv_grid(3, 1) of the grid (the dilated grid), larger than the source.
+        std::vector<float> x(static_cast<size_t>(grid.num_voxels() * cin)), w(static_cast<size_t>(cout * cin * 27)),
+            g(static_cast<size_t>(plan.target_grid().num_voxels() * cout));
+        for (float& v : x) v = static_cast<float>(uniform_real(rng, -1, 1));
+        for (float& v : w) v = static_cast<float>(uniform_real(rng, -1, 1));
+        for (float& v : g) v = static_cast<float>(uniform_real(rng, -1, 1));
+        const Results<float> first = execute(plan, x, w, g, cin, cout, DType::Float32);
+        const Results<float> second = execute(plan, x, w, g, cin, cout, DType::Float32);
+        EXPECT_EQ(first.y, second.y);
+        EXPECT_EQ(first.gx, second.gx);
+        EXPECT_EQ(first.gw, second.gw);
+    }
 }
 
 TEST_F(ConvolutionCuda, HalfPrecisionAgreesWithFloat32) {
