@@ -173,6 +173,17 @@ def test_train_step_benchmark_writes_table_and_json(tmp_path, device):
             assert row["torch_syncs_per_step"] is None
 
 
+@pytest.mark.skipif(not (CUDA or os.environ.get("SPARSEGRID_REQUIRE_CUDA") == "1"), reason="needs CUDA")
+def test_torch_sync_count_sees_waits_and_only_waits():
+    # The train-step benchmark's "torch syncs" column: a boolean index waits once, an elementwise op not
+    # at all (setting the debug mode warns too, and must not count).
+    sys.path.insert(0, str(ROOT / "bench"))
+    import train_step
+    x = torch.arange(8, device="cuda")
+    assert train_step.torch_syncs(lambda: x + 1) == 0
+    assert train_step.torch_syncs(lambda: x[x > 3]) == 1
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_conv_benchmark_writes_table_and_json(tmp_path, device):
     path = tmp_path / "conv.json"
@@ -223,7 +234,8 @@ def test_vae_step_synchronises_once_for_its_fixed_grids_and_once_per_prune():
         vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler, keep_targets=keep_targets)
         assert sg.host_synchronizations() - before == 1 + (vae.LEVELS - 1), f"keep_targets={keep_targets}"
     # And torch's own operations in the step wait for nothing (Prune gathers its rows by index, not by
-    # boolean indexing): torch.cuda.set_sync_debug_mode("warn") warns at each such wait.
+    # boolean indexing): torch.cuda.set_sync_debug_mode("warn") warns at each such wait (and once when
+    # the mode is set, a warning that is not a wait).
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -232,5 +244,5 @@ def test_vae_step_synchronises_once_for_its_fixed_grids_and_once_per_prune():
             vae.vae_step(encoder, decoder, optimizer, target, args.kl_weight, profiler)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    waits = [str(w.message) for w in caught if "synchronizing" in str(w.message)]
+    waits = [str(w.message) for w in caught if "called a synchronizing CUDA operation" in str(w.message)]
     assert not waits, waits
