@@ -327,7 +327,12 @@ if want baseline; then
   # SPARSEGRID_BASELINE_CONFIGS (configuration names, e.g. "w64x64/4 w128x128/3") each of them is forced
   # in turn (SPARSEGRID_CONV_CONFIG) in place of the sweep, into ..._engine_DTYPE_CONFIG_ROUND.md (the
   # slash as "-"); a configuration a dtype cannot run gives way to the automatic choice. With
-  # SPARSEGRID_BASELINE_ROUNDS=engine only those run (no bench and conv tables).
+  # SPARSEGRID_BASELINE_ROUNDS=engine only those run (no bench and conv tables). With
+  # SPARSEGRID_BASELINE_TRAIN=1 (and torch importable) the other tree's PyTorch layer is built too, and
+  # each tree's bench/train_step.py runs with its own package and layer, alternately, twice
+  # (baseline_train_ROUND.md, current_train_ROUND.md; batch SPARSEGRID_TRAIN_BATCH, 16 by default, and
+  # SPARSEGRID_BASELINE_TRAIN_ARGS added, e.g. "--channels 32 64 128 256 --autocast bfloat16"): the step's
+  # host time depends on the machine's CPU, so steps compare only within one machine.
   if [ -f "${SPARSEGRID_BASELINE:-}" ]; then
     base_src="$build/baseline-src"
     base_build="$build/baseline"
@@ -355,6 +360,23 @@ if want baseline; then
         done
       done
     done
+    if [ "${SPARSEGRID_BASELINE_TRAIN:-0}" = 1 ] && [ $have_layer = 1 ]; then
+      base_layer_build="$build/baseline-layer"
+      base_layer_args=(-DSPARSEGRID_BUILD_TESTS=OFF -DSPARSEGRID_BUILD_TOOLS=OFF -DSPARSEGRID_WITH_TORCH=ON)
+      [ ${#prefix_path[@]} -gt 0 ] && base_layer_args+=(-DCMAKE_PREFIX_PATH="$(IFS=';'; echo "${prefix_path[*]}")")
+      [ -f "$base_layer_build/build.ninja" ] || step "baseline configure (layer)" "$base_src/scripts/configure.sh" \
+        "$base_layer_build" "${base_layer_args[@]}"
+      step "baseline build (layer)" cmake --build "$base_layer_build" -j "$(nproc)" --target sparsegrid_torch
+      for round in 1 2; do
+        for tree in baseline current; do
+          tree_root="$root" layer_so="$layer"
+          [ $tree = baseline ] && tree_root="$base_src" layer_so="$base_layer_build/python/libsparsegrid_torch.so"
+          step "$tree train step ($round)" env PYTHONPATH="$tree_root/python" SPARSEGRID_TORCH_LIBRARY="$layer_so" \
+            PYTHONDONTWRITEBYTECODE=1 bash -o pipefail -c "python3 '$tree_root/bench/train_step.py' --device cuda \
+            --batch ${SPARSEGRID_TRAIN_BATCH:-16} ${SPARSEGRID_BASELINE_TRAIN_ARGS:-} | tee '$out/${tree}_train_$round.md'"
+        done
+      done
+    fi
     [ "${SPARSEGRID_BASELINE_ROUNDS:-}" = engine ] && base_rounds="" || base_rounds="1 2"
     for round in $base_rounds; do
       for tree in baseline current; do
