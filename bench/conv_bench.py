@@ -96,18 +96,24 @@ def dense_canvas(grid, x, pad):
 def host_overhead_us(device, dtype, layers=300):
     """Host microseconds per layer on a 16-voxel grid (so that the device is never the bottleneck),
     averaged over `layers` calls queued without synchronisation: the whole layer (k3s1 plan on existing
-    grids + execute) and its parts, next to a trivial method call of the layer and a small torch op."""
+    grids + execute) and its parts, the two backward passes, next to a trivial method call of the layer
+    and a small torch op."""
     ijk = torch.stack(torch.meshgrid(*[torch.arange(2)] * 3, indexing="ij"), -1).reshape(-1, 3).int()
     grid = sg.GridBatch.from_ijk([ijk, ijk + 4], device=device)
     x = torch.randn(grid.num_voxels, 8, dtype=dtype, device=device)
     w = torch.randn(8, 8, 3, 3, 3, dtype=dtype, device=device)
     xg = x.clone().requires_grad_(True)
+    g = torch.randn_like(x)
     plan = sg.ConvolutionPlan.from_grid(grid, 3, 1, grid)
     parts = {
         "plan + execute (the layer)": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w),
         "plan + execute, input requiring grad": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(xg, w),
         "plan only": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid),
         "execute only (existing plan)": lambda: plan.execute(x, w),
+        # The backward passes as autograd calls them, one call each (a step's backward also pays the
+        # autograd engine once, which these leave out).
+        "input gradient pass": lambda: plan._handle.backward_input(g, w),
+        "weight gradient pass": lambda: plan._handle.backward_weight(x, g, w.dtype),
         "layer method call (num_voxels)": lambda: grid._handle.num_voxels(),
         "torch op (x @ 8x8 matrix)": lambda: x @ w[:, :, 0, 0, 0],
     }
