@@ -88,9 +88,11 @@ if want test; then
   # Small maps keep voxel order by default: the CUDA convolution cases again with every map ordered.
   step "convolution tests, every map ordered" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_ORDER=1 \
     "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
-  # And with K = S plans gathered instead of scattered (SPARSEGRID_CONV_SCATTER=0), and the 4 x 4 tiles.
-  step "convolution tests, no scatter, 4x4 tiles" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_SCATTER=0 \
-    SPARSEGRID_CONV_TILES=4x4 "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
+  # And with K = S plans gathered instead of scattered (SPARSEGRID_CONV_SCATTER=0), the 4 x 4 tiles, and
+  # narrow layers' weight gradients on the 32 x 32 tiles (SPARSEGRID_WEIGHT_NARROW=0).
+  step "convolution tests, no scatter, 4x4 tiles, no narrow weight gradient" env SPARSEGRID_CUDA_DEBUG=1 \
+    SPARSEGRID_CONV_SCATTER=0 SPARSEGRID_CONV_TILES=4x4 SPARSEGRID_WEIGHT_NARROW=0 \
+    "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
 fi
 if want python; then
   # The Python suite (run here instead of through ctest, with this machine's python3 and torch);
