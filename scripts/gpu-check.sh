@@ -88,10 +88,12 @@ if want test; then
   # Small maps keep voxel order by default: the CUDA convolution cases again with every map ordered.
   step "convolution tests, every map ordered" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_ORDER=1 \
     "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
-  # And with K = S plans gathered instead of scattered (SPARSEGRID_CONV_SCATTER=0), the 4 x 4 tiles, and
-  # narrow layers' weight gradients on the 32 x 32 tiles (SPARSEGRID_WEIGHT_NARROW=0).
-  step "convolution tests, no scatter, 4x4 tiles, no narrow weight gradient" env SPARSEGRID_CUDA_DEBUG=1 \
-    SPARSEGRID_CONV_SCATTER=0 SPARSEGRID_CONV_TILES=4x4 SPARSEGRID_WEIGHT_NARROW=0 \
+  # And with K = S plans gathered instead of scattered (SPARSEGRID_CONV_SCATTER=0), the 4 x 4 tiles,
+  # narrow layers' weight gradients on the 32 x 32 tiles (SPARSEGRID_WEIGHT_NARROW=0), and TF32 input rows
+  # always rounded in the warpgroup kernels (SPARSEGRID_TF32_ROUND_ONCE=0).
+  step "convolution tests, no scatter, 4x4 tiles, no narrow weight gradient, TF32 rounded in the kernels" \
+    env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_SCATTER=0 SPARSEGRID_CONV_TILES=4x4 SPARSEGRID_WEIGHT_NARROW=0 \
+    SPARSEGRID_TF32_ROUND_ONCE=0 \
     "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
 fi
 if want python; then

@@ -105,11 +105,12 @@ public:
 private:
     ConvolutionPlan() = default;
     /// Output-stationary execution over the map of slot `slot` of the shared maps (rows = `rows`, the
-    /// output's). `single_edge_rows`: every output row has at most one edge (the fine side of a K = S
-    /// plan), so CUDA may run it over the other map, scattering each product to its one output row.
-    void execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x, const void* weight,
-                     bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels, DType dtype,
-                     DType weight_dtype, const Context& ctx) const;
+    /// output's; x has `x_rows`). `single_edge_rows`: every output row has at most one edge (the fine side
+    /// of a K = S plan), so CUDA may run it over the other map, scattering each product to its one output
+    /// row.
+    void execute_map(const char* op, int slot, int64_t rows, int64_t x_rows, bool single_edge_rows, const void* x,
+                     const void* weight, bool transpose_weight, void* out, int64_t x_channels, int64_t out_channels,
+                     DType dtype, DType weight_dtype, const Context& ctx) const;
     static ConvolutionPlan assemble(GridBatch source, GridBatch target, const Vec3i& kernel_size, const Vec3i& stride,
                                     MapDirection direction, std::shared_ptr<detail::PlanMaps> maps);
     /// make / make_transposed to the generated target, and to a given one (plans kept on the source).

@@ -339,15 +339,17 @@ int ConvolutionPlan::read_slot(int slot, bool scatter) const {
     return scatter ? 1 - slot : slot;
 }
 
-void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, bool single_edge_rows, const void* x,
-                                  const void* weight, bool transpose_weight, void* out, int64_t x_channels,
-                                  int64_t out_channels, DType dtype, DType weight_dtype, const Context& ctx) const {
+void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, int64_t x_rows, bool single_edge_rows,
+                                  const void* x, const void* weight, bool transpose_weight, void* out,
+                                  int64_t x_channels, int64_t out_channels, DType dtype, DType weight_dtype,
+                                  const Context& ctx) const {
     detail::MapConvolution args;
     args.reverse_taps = slot == 1 && mirrored_maps();
     args.rows = rows;
     args.out_rows = rows;
     args.volume = m_maps ? kernel_volume() : 1;
     args.x = x;
+    args.x_rows = x_rows;
     args.weight = weight;
     args.transpose_weight = transpose_weight;
     args.out = out;
@@ -380,8 +382,8 @@ void ConvolutionPlan::forward(const void* input, const void* weight, void* outpu
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "output", output, m_target.num_voxels(), out_channels);
     const auto [slot, single_edge_rows] = pass_map(false);
-    execute_map(op, slot, m_target.num_voxels(), single_edge_rows, input, weight, false, output, in_channels,
-                out_channels, dtype, weight_dtype, ctx);
+    execute_map(op, slot, m_target.num_voxels(), m_source.num_voxels(), single_edge_rows, input, weight, false, output,
+                in_channels, out_channels, dtype, weight_dtype, ctx);
 }
 
 void ConvolutionPlan::backward_input(const void* grad_output, const void* weight, void* grad_input, int64_t in_channels,
@@ -397,8 +399,8 @@ void ConvolutionPlan::backward_input(const void* grad_output, const void* weight
     check_pointer(op, "weight", weight, out_channels, in_channels * kernel_volume());
     check_pointer(op, "grad_input", grad_input, m_source.num_voxels(), in_channels);
     const auto [slot, single_edge_rows] = pass_map(true);
-    execute_map(op, slot, m_source.num_voxels(), single_edge_rows, grad_output, weight, true, grad_input, out_channels,
-                in_channels, dtype, weight_dtype, ctx);
+    execute_map(op, slot, m_source.num_voxels(), m_target.num_voxels(), single_edge_rows, grad_output, weight, true,
+                grad_input, out_channels, in_channels, dtype, weight_dtype, ctx);
 }
 
 void ConvolutionPlan::backward_weight(const void* input, const void* grad_output, void* grad_weight,

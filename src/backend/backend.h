@@ -39,6 +39,9 @@ struct MapConvolution {
     bool scatter = false;
     int64_t out_rows = 0;
     const void* x = nullptr;
+    /// Rows of x: `rows` in scatter mode, the source side's voxels when gathering. 0 when unknown; the
+    /// CUDA engine's TF32 passes read it to round x once (conv_implicit_gemm.cu, rounds_x_once).
+    int64_t x_rows = 0;
     const void* weight = nullptr;
     bool transpose_weight = false;
     /// Tap t of the map takes the weight's tap volume - 1 - t: the other map of a plan on one grid with

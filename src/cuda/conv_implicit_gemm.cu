@@ -405,15 +405,18 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
 #endif
 }
 
+/// The launchers' arguments: map, order, rows, volume, x, packed weights, out, x channels, y channels,
+/// scatter, x_rounded (TF32: x already rounded, read by the warpgroup kernels only), shared bytes, stream.
 using EngineKernel = void (*)(const int32_t*, const int32_t*, int64_t, int32_t, const void*, const void*, void*,
-                              int32_t, int32_t, bool, size_t, cudaStream_t);
+                              int32_t, int32_t, bool, bool, size_t, cudaStream_t);
 
 /// Launches configuration (BM, BN, ...) in T, raising the kernel's dynamic shared-memory limit first on
 /// each device it runs on.
 template <typename T, int BM, int BN, int kRowBytes, int WM, int WN, int kStages>
 void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                    const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
-                   size_t shared_bytes, cudaStream_t stream) {
+                   bool /*x_rounded: these kernels round the fragments they load*/, size_t shared_bytes,
+                   cudaStream_t stream) {
     // The gathering and the scatter kernels are separate instantiations: a run-time switch cost the
     // gathering one registers and time.
     auto* kernel = scatter ? implicit_gemm_kernel<T, BM, BN, kRowBytes, WM, WN, kStages, true>
@@ -434,9 +437,9 @@ void launch_engine(const int32_t* map, const int32_t* order, int64_t rows, int32
 template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                       const void* packed, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
-                      size_t shared_bytes, cudaStream_t stream) {
+                      bool x_rounded, size_t shared_bytes, cudaStream_t stream) {
     launch_warpgroup_engine<T, BM, BN, kStages>(map, order, rows, volume, x, packed, out, x_channels, y_channels,
-                                                scatter, shared_bytes, stream);
+                                                scatter, x_rounded, shared_bytes, stream);
 }
 
 template <typename T>
@@ -576,6 +579,45 @@ Buffer<T> pack_engine_weight(const MapConvolution& args, bool tiles, const Conte
     return packed;
 }
 
+/// out[i] = x[i] rounded to TF32 (cvt.rna, as mma::Mma<float>::prepare), four floats at a time.
+__global__ void round_to_tf32_kernel(const float4* __restrict__ x, float4* __restrict__ out, int64_t vectors) {
+    SG_GRID_STRIDE_LOOP(i, vectors) {
+        float4 v = x[i];
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+        float* f = &v.x;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            uint32_t bits = __float_as_uint(f[e]);
+            mma::Mma<float>::prepare(bits);
+            f[e] = __uint_as_float(bits);
+        }
+#endif
+        out[i] = v;
+    }
+}
+
+/// Whether a TF32 pass on the warpgroup kernels reads x rounded once into a copy (round_x_to_tf32)
+/// rather than rounding every gathered row in shared memory: when gathering, over 27 taps or more, or
+/// onto more rows than x has, where each row of x is gathered several times on average. The copy costs a
+/// read and a write of x and the kernels then leave a pass over shared memory out of every k step
+/// (H100, k3s1 C = 64: see ENGINE_NOTES). SPARSEGRID_TF32_ROUND_ONCE=0 rounds in the kernels always.
+bool rounds_x_once(const MapConvolution& args) {
+    static const bool enabled = env_string("SPARSEGRID_TF32_ROUND_ONCE") != "0";
+    return enabled && !args.scatter && args.x_rows > 0 && (args.volume >= 27 || args.rows > args.x_rows);
+}
+
+/// x (args.x_rows rows of args.x_channels floats, a multiple of 4, 16-byte aligned) rounded to TF32.
+Buffer<float> round_x_to_tf32(const MapConvolution& args, const Context& ctx) {
+    const int64_t vectors = checked_mul("round_x_to_tf32", "x elements", args.x_rows, args.x_channels) / 4;
+    Buffer<float> rounded = Buffer<float>::allocate(vectors * 4, ctx);
+    const cudaStream_t stream = stream_of(ctx);
+    if (vectors > 0)
+        round_to_tf32_kernel<<<blocks_for(vectors), kThreads, 0, stream>>>(
+            static_cast<const float4*>(args.x), reinterpret_cast<float4*>(rounded.data()), vectors);
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    return rounded;
+}
+
 }  // namespace
 
 template <typename T>
@@ -601,12 +643,26 @@ bool engine_convolution(const MapConvolution& args, const Context& ctx) {
         packed_done[kind] = true;
         return reinterpret_cast<uintptr_t>(packed[kind].data()) % 16 == 0;
     };
+    // TF32 on the warpgroup kernels: x rounded once into a copy where that pays (rounds_x_once), made
+    // when a warpgroup configuration first runs.
+    Buffer<float> rounded_x;
+    bool rounded_done = false;
     static constexpr std::array<EngineKernel, kEngineConfigCount> launchers = engine_launchers<T>();
     auto launch = [&](int config) {
+        const bool warpgroup = kEngineConfigs[config].warpgroup;
+        const void* x = args.x;
+        bool x_rounded = false;
+        if constexpr (std::is_same_v<T, float>) {
+            if (warpgroup && rounds_x_once(args)) {
+                if (!rounded_done) rounded_x = round_x_to_tf32(args, ctx);
+                rounded_done = true;
+                x = rounded_x.data();
+                x_rounded = true;
+            }
+        }
         launchers[static_cast<size_t>(config)](
-            args.map, args.order, args.rows, args.volume, args.x,
-            packed[kEngineConfigs[config].warpgroup ? 1 : 0].data(), args.out, static_cast<int32_t>(x_channels),
-            static_cast<int32_t>(y_channels), args.scatter,
+            args.map, args.order, args.rows, args.volume, x, packed[warpgroup ? 1 : 0].data(), args.out,
+            static_cast<int32_t>(x_channels), static_cast<int32_t>(y_channels), args.scatter, x_rounded,
             kEngineConfigs[config].shared_bytes(args.volume, args.scatter, sizeof(T)), stream_of(ctx));
     };
     // Warpgroup configurations: on a device that runs them; elsewhere a forced one gives way to the

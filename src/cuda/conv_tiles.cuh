@@ -495,10 +495,12 @@ size_t warpgroup_engine_shared_bytes(int bm, int bn, int stages, int32_t volume)
 
 /// The forward pass or input gradient (gathering, or in scatter mode) of configuration (BM, BN, stages)
 /// in T (__half, __nv_bfloat16, or float in TF32), with the arguments of the engine's other launchers
-/// (conv_implicit_gemm.cu) but the weights packed as tiles (pack_engine_tiles_kernel there).
+/// (conv_implicit_gemm.cu) but the weights packed as tiles (pack_engine_tiles_kernel there). In TF32,
+/// `x_rounded` says that x is already rounded to TF32 (round_x_to_tf32 there); otherwise the kernel
+/// rounds the rows it gathers in shared memory. The products are the same either way.
 template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                              const void* tiles, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
-                             size_t shared_bytes, cudaStream_t stream);
+                             bool x_rounded, size_t shared_bytes, cudaStream_t stream);
 
 }  // namespace sparsegrid::detail::cuda

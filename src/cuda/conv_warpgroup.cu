@@ -11,9 +11,10 @@
 // vector v of row r at v ^ (r % 8)), `stages` deep, and each warpgroup multiplies them by four
 // m64nBNk16 wgmma (k8 in TF32: 32 channels per step), one group of them in flight while the next step
 // is prepared. Every output element is summed in the order (tap, channel) by 16 channels per product (8
-// in TF32), the order of the mma.sync kernels. In TF32 each thread rounds the input rows it copied once
-// they have landed, and the weights arrive rounded from their packing, as the mma.sync kernels round
-// both operands, so that the results stay bitwise theirs.
+// in TF32), the order of the mma.sync kernels. In TF32 the weights arrive rounded from their packing,
+// and the input rows either were rounded once before the launch (a gathering pass that reads each row
+// several times) or each thread rounds the rows it copied once they have landed, as the mma.sync kernels
+// round both operands, so that the results stay bitwise theirs.
 //
 // Scatter mode (the fine side of a K = S plan, as in implicit_gemm_kernel): the block's rows are input
 // rows, the A operand their own features at every tap (with at most `stages` channel chunks copied once,
@@ -63,7 +64,8 @@ __device__ __forceinline__ void round_to_tf32(uint32_t address) {
 template <typename T, int kBlockRows, int BN, int kStages, bool kScatter>
 __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 1) void warpgroup_gemm_kernel(
     const int32_t* __restrict__ map, const int32_t* __restrict__ order, int64_t rows, int32_t volume,
-    const T* __restrict__ x, const T* __restrict__ tiles, T* __restrict__ out, int32_t x_channels, int32_t y_channels) {
+    const T* __restrict__ x, const T* __restrict__ tiles, T* __restrict__ out, int32_t x_channels, int32_t y_channels,
+    bool x_rounded) {
 #ifndef SPARSEGRID_WARPGROUP_DEVICE
     __trap();  // never launched: warpgroup_engine_available() is false without sm_90a code
 #else
@@ -181,7 +183,9 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     // kernels round them (the tensor cores would drop the low bits); the packed weights were rounded when
     // packed. A resident A area is rounded once, when its chunk arrives (the first tap's steps). Each
     // step's rows are rounded while the previous step's products run (below), so that the rounding is
-    // not on the path from the copies' arrival to the products.
+    // not on the path from the copies' arrival to the products. With `x_rounded` x was rounded once
+    // before the launch (round_to_tf32_kernel), and nothing is rounded here.
+    const bool round_a = std::is_same_v<T, float> && !x_rounded;
     auto round_own_rows = [&](int s) {
         if constexpr (std::is_same_v<T, float>) {
             if (s >= steps || (resident_a && s >= chunks)) return;
@@ -190,7 +194,7 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
             for (int c = 0; c < kRowsA; ++c) round_to_tf32(at + a_copy[c]);
         }
     };
-    if constexpr (std::is_same_v<T, float>) {
+    if (round_a) {
         mma::wait_copies<kAhead - 1>();  // step 0's copies (kAhead groups issued)
         round_own_rows(0);
     }
@@ -217,7 +221,8 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         // This thread's copies of `step` have landed (kAhead - 1 later groups may still be in flight);
         // after the barrier every thread's have, and every warpgroup's products of step - 1 - kInFlight
         // are complete, so that step's stage can be refilled.
-        // (TF32: they were rounded by this thread in the previous iteration or the prologue.)
+        // (TF32: they were rounded by this thread in the previous iteration or the prologue, or before the
+        // launch.)
         mma::wait_copies<kAhead - 1>();
         warpgroup::fence_async_shared();
         __syncthreads();
@@ -238,7 +243,7 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
                                               b + static_cast<uint64_t>(2 * kk));
         warpgroup::commit();
         warpgroup::fence_accumulators(acc);
-        if constexpr (std::is_same_v<T, float>) {
+        if (round_a) {
             // The next step's copies (kAhead groups outstanding, that step's the oldest) while these
             // products run. Its stage is neither this step's nor one an unfinished product reads
             // (kStages >= 3, at most kInFlight + 1 = 2 groups of products outstanding), nor the one
@@ -290,7 +295,7 @@ bool warpgroup_engine_available(const Context& ctx) {
 template <typename T, int BM, int BN, int kStages>
 void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t rows, int32_t volume, const void* x,
                              const void* tiles, void* out, int32_t x_channels, int32_t y_channels, bool scatter,
-                             size_t shared_bytes, cudaStream_t stream) {
+                             bool x_rounded, size_t shared_bytes, cudaStream_t stream) {
     auto* kernel = scatter ? warpgroup_gemm_kernel<T, BM, BN, kStages, true>
                            : warpgroup_gemm_kernel<T, BM, BN, kStages, false>;
     static std::atomic<uint64_t> raised[2] = {0, 0};  // one per instantiation
@@ -299,13 +304,13 @@ void launch_warpgroup_engine(const int32_t* map, const int32_t* order, int64_t r
     const dim3 grid(static_cast<unsigned>((rows + BM - 1) / BM), static_cast<unsigned>((y_channels + BN - 1) / BN));
     kernel<<<grid, block_threads(BM), shared_bytes, stream>>>(map, order, rows, volume, static_cast<const T*>(x),
                                                               static_cast<const T*>(tiles), static_cast<T*>(out),
-                                                              x_channels, y_channels);
+                                                              x_channels, y_channels, x_rounded);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
 #define SPARSEGRID_WARPGROUP_INSTANCE(T, BM, BN, S)                                                                    \
     template void launch_warpgroup_engine<T, BM, BN, S>(const int32_t*, const int32_t*, int64_t, int32_t, const void*, \
-                                                        const void*, void*, int32_t, int32_t, bool, size_t,            \
+                                                        const void*, void*, int32_t, int32_t, bool, bool, size_t,      \
                                                         cudaStream_t);
 #define SPARSEGRID_WARPGROUP_TYPES(BM, BN, S)               \
     SPARSEGRID_WARPGROUP_INSTANCE(__half, BM, BN, S)        \
