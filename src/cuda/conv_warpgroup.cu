@@ -83,9 +83,6 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     // One group of products in flight while the next step's copies are issued needs a stage more.
     constexpr int kInFlight = kStages >= 4 ? 1 : 0;
     constexpr int kAhead = kStages - 1 - kInFlight;  // steps whose copies are issued ahead
-    // Scatter over output tiles of 64 channels: two sets of accumulators (see below); wider tiles keep one,
-    // their registers being short.
-    constexpr bool kPairedTaps = kScatter && BN == 64;
     static_assert(kRowsA == 4, "sources load as one int4 vector");
     static_assert(kStageBytes % 1024 == 0 && kAhead >= 1, "1024-byte aligned stages, a step ahead");
 
@@ -205,8 +202,8 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     const uint32_t a_rows = static_cast<uint32_t>(wg * 64 * kRowBytes);
     // Lane l of warp w of warpgroup g: rows 64 g + 16 w + l / 4 + 8 h, channels 8 j + 2 (l % 4) + e.
     const int m_lane = wg * 64 + (warp % 4) * 16 + lane / 4;
-    // Writes `accumulators` to the output rows row_at(m) of the block's rows m (none where negative).
-    auto write_rows = [&](const auto& accumulators, auto row_at) {
+    // Writes the accumulators to the output rows row_at(m) of the block's rows m (none where negative).
+    auto write_rows = [&](auto row_at) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int64_t r = row_at(m_lane + 8 * h);
@@ -215,22 +212,12 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
 #pragma unroll
             for (int j = 0; j < BN / 8; ++j) {
                 const int n = 8 * j + 2 * (lane % 4);
-                if (n0 + n < y_channels)
-                    mma::store_pair(row_out + n, accumulators[4 * j + 2 * h], accumulators[4 * j + 2 * h + 1]);
+                if (n0 + n < y_channels) mma::store_pair(row_out + n, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
         }
     };
-    // Scatter: the products of listed tap `tap`, complete, written to each row's one output row at that
-    // tap, and cleared.
-    auto write_tap = [&](auto& accumulators, int tap) {
-        const int32_t* targets = table + active[tap] * kTableStride;
-        write_rows(accumulators, [&](int m) { return int64_t{targets[m]}; });
-#pragma unroll
-        for (int i = 0; i < kAccumulators; ++i) accumulators[i] = 0.0f;
-    };
-    // Step `step` (chunk `chunk` of its tap) into `accumulators`: its copies waited for, the copies of
-    // step + kAhead issued, and its products issued and committed as one group.
-    auto multiply = [&](auto& accumulators, int step, int chunk) {
+    int tap_index = 0, chunk = 0;  // scatter: of the step being multiplied
+    for (int step = 0; step < steps; ++step) {
         // This thread's copies of `step` have landed (kAhead - 1 later groups may still be in flight);
         // after the barrier every thread's have, and every warpgroup's products of step - 1 - kInFlight
         // are complete, so that step's stage can be refilled.
@@ -249,13 +236,13 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         warpgroup::barrier_wait(landed + 8 * static_cast<uint32_t>(step % kStages),
                                 static_cast<uint32_t>(step / kStages) & 1u);
         warpgroup::fence();
-        warpgroup::fence_accumulators(accumulators);
+        warpgroup::fence_accumulators(acc);
 #pragma unroll
         for (int kk = 0; kk < kRowBytes / 32; ++kk)  // 16 channels (32 bytes) per product
-            warpgroup::Product<T, BN, 0>::run(accumulators, a + static_cast<uint64_t>(2 * kk),
+            warpgroup::Product<T, BN, 0>::run(acc, a + static_cast<uint64_t>(2 * kk),
                                               b + static_cast<uint64_t>(2 * kk));
         warpgroup::commit();
-        warpgroup::fence_accumulators(accumulators);
+        warpgroup::fence_accumulators(acc);
         if (round_a) {
             // The next step's copies (kAhead groups outstanding, that step's the oldest) while these
             // products run. Its stage is neither this step's nor one an unfinished product reads
@@ -264,61 +251,25 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
             mma::wait_copies<kAhead - 1>();
             round_own_rows(step + 1);
         }
-    };
-    if constexpr (kPairedTaps) {
-        // Scatter with two sets of accumulators, taken by the listed taps in turn: a tap's products are
-        // written while the next tap's first group runs, instead of before it is issued.
-        float other[kAccumulators];
-#pragma unroll
-        for (int i = 0; i < kAccumulators; ++i) other[i] = 0.0f;
-        const int taps = chunks > 0 ? steps / chunks : 0;
-        int step = 0;
-        auto run_tap = [&](auto& current, auto& previous, int tap) {
-            for (int c = 0; c < chunks; ++c, ++step) {
-                multiply(current, step, c);
-                // The previous tap's products completed with the previous step (every step here ends
-                // in a full wait: with a group left in flight across steps, ptxas serialises the
-                // products, C7514), so they are stored while this step's run.
-                if (c == 0 && tap > 0) {
-                    warpgroup::fence_accumulators(previous);
-                    write_tap(previous, tap - 1);
-                }
+        if constexpr (kScatter) {
+            if (++chunk == chunks) {
+                chunk = 0;
+                // The tap's products are complete: each goes to its row's one output row at this tap.
                 warpgroup::wait<0>();
+                warpgroup::fence_accumulators(acc);
+                const int32_t* targets = table + active[tap_index++] * kTableStride;
+                write_rows([&](int m) { return int64_t{targets[m]}; });
+#pragma unroll
+                for (int i = 0; i < kAccumulators; ++i) acc[i] = 0.0f;
+                continue;
             }
-        };
-        for (int tap = 0; tap < taps; tap += 2) {
-            run_tap(acc, other, tap);
-            if (tap + 1 < taps) run_tap(other, acc, tap + 1);
         }
-        warpgroup::wait<0>();
-        warpgroup::fence_accumulators(acc);
-        warpgroup::fence_accumulators(other);
-        // The last tap's set: acc after an odd number of taps.
-        if (taps % 2 == 1)
-            write_tap(acc, taps - 1);
-        else if (taps > 0)
-            write_tap(other, taps - 1);
-    } else {
-        int chunk = 0, tap_index = 0;  // scatter: of the step being multiplied
-        for (int step = 0; step < steps; ++step) {
-            multiply(acc, step, chunk);
-            if constexpr (kScatter) {
-                if (++chunk == chunks) {
-                    chunk = 0;
-                    // The tap's products are complete: each goes to its row's one output row at this tap.
-                    warpgroup::wait<0>();
-                    warpgroup::fence_accumulators(acc);
-                    write_tap(acc, tap_index++);
-                    continue;
-                }
-            }
-            warpgroup::wait<kInFlight>();
-        }
-        warpgroup::wait<0>();
-        warpgroup::fence_accumulators(acc);
+        warpgroup::wait<kInFlight>();
     }
+    warpgroup::wait<0>();
+    warpgroup::fence_accumulators(acc);
     mma::wait_copies<0>();  // no copy may still target shared memory when the block exits
-    if constexpr (!kScatter) write_rows(acc, [&](int m) { return row_of[m]; });
+    if constexpr (!kScatter) write_rows([&](int m) { return row_of[m]; });
 #endif
 }
 
