@@ -38,6 +38,10 @@ struct MapConvolution {
     /// row zero. The same products as the gathering form. CUDA only (the CPU backend always gathers).
     bool scatter = false;
     int64_t out_rows = 0;
+    /// Scatter mode over a map with an edge at every (row, tap) and rows x volume == out_rows: every
+    /// output row has exactly one edge, so the kernels write all of them and the output is not zeroed
+    /// first (the generated target of a transposed plan with K = S).
+    bool covers_output = false;
     const void* x = nullptr;
     /// Rows of x: `rows` in scatter mode, the source side's voxels when gathering. 0 when unknown; the
     /// CUDA engine's TF32 passes read it to round x once (conv_implicit_gemm.cu, rounds_x_once).

@@ -394,9 +394,13 @@ void map_convolution_typed(const MapConvolution& args, const Context& ctx) {
     const int64_t out_rows = args.out_rows;
     if (y_channels == 0) return;
     const cudaStream_t stream = stream_of(ctx);
-    if (scatter && out_rows > 0) {
-        // Output rows without an edge are zero; the others are written once by the kernel.
-        SPARSEGRID_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(out_rows * y_channels) * sizeof(T), stream));
+    if (scatter && out_rows > 0 && (!args.covers_output || debug_sync_enabled())) {
+        // Output rows without an edge are zero; the others are written once by the kernel. Where every row
+        // has an edge nothing is zeroed (at 1.2 M rows of 64 float16 channels that was a third of the
+        // pass), except under SPARSEGRID_CUDA_DEBUG, which fills such outputs with all-ones bytes (NaN in
+        // every floating type) so that a row the kernels missed fails the tests.
+        SPARSEGRID_CUDA_CHECK(cudaMemsetAsync(out, args.covers_output ? 0xFF : 0,
+                                              static_cast<size_t>(out_rows * y_channels) * sizeof(T), stream));
     }
     if (rows == 0) return;
     const int64_t in_channels = transpose_weight ? y_channels : x_channels;
