@@ -365,7 +365,7 @@ void ConvolutionPlan::execute_map(const char* op, int slot, int64_t rows, int64_
         args.map = map.neighbour_map().data();
         args.order = m_maps->row_order(op, read, ctx);
         if (args.scatter) args.rows = map.num_target();
-        args.covers_output = args.scatter && read == 1 && m_maps->complete_source_rows && x_channels > 0 &&
+        args.covers_output = args.scatter && read == 1 && m_maps->complete_source_rows &&
             map.num_target() * int64_t{args.volume} == args.out_rows;
     }
     on_backend(op, ctx.device, [&](auto backend) { backend.map_convolution(args, ctx); });
