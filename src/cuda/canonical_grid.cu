@@ -102,42 +102,69 @@ __global__ void chunk_popcount_kernel(const unsigned long long* words, int64_t c
     }
 }
 
-/// offsets[m] = number of set bits before member m's first key (m << morton_bits).
-__global__ void bitmap_offsets_kernel(const unsigned long long* words, const int32_t* chunk_position, int64_t chunks,
-                                      KeyCodec codec, int64_t batch_size, int64_t* offsets) {
-    SG_GRID_STRIDE_LOOP(m, batch_size + 1) {
-        const uint64_t bit = static_cast<uint64_t>(m) << codec.morton_bits();
-        const int64_t chunk = static_cast<int64_t>(bit >> 9);
-        if (chunk >= chunks) {
-            offsets[m] = chunk_position[chunks];
+/// batch.offsets[i][m] = set bits of bitmap i before member m's first key (m << morton bits); m =
+/// batch_size gives the bitmap's total.
+__global__ void bitmap_offsets_kernel(const unsigned long long* words, const int32_t* chunk_position, BitmapBatch batch,
+                                      int64_t batch_size) {
+    SG_GRID_STRIDE_LOOP(e, batch.count * (batch_size + 1)) {
+        const int32_t i = static_cast<int32_t>(e / (batch_size + 1));
+        const int64_t m = e - i * (batch_size + 1);
+        const int64_t first = batch.first_word[i];
+        const int64_t end = batch.first_word[i + 1];
+        const int64_t base = chunk_position[first / kChunkWords];
+        const uint64_t bit = static_cast<uint64_t>(first) * 64 +
+            (static_cast<uint64_t>(m) << batch.codec[i].morton_bits());
+        const auto word = static_cast<int64_t>(bit >> 6);
+        if (word >= end) {
+            batch.offsets[i][m] = chunk_position[end / kChunkWords] - base;
             continue;
         }
-        int64_t before = chunk_position[chunk];
-        const int64_t word = static_cast<int64_t>(bit >> 6);
-        for (int64_t w = chunk * kChunkWords; w < word; ++w) before += __popcll(words[w]);
+        int64_t before = chunk_position[word / kChunkWords];
+        for (int64_t w = word / kChunkWords * kChunkWords; w < word; ++w) before += __popcll(words[w]);
         if (bit & 63) before += __popcll(words[word] & ((1ull << (bit & 63)) - 1));
-        offsets[m] = before;
+        batch.offsets[i][m] = before - base;
     }
 }
 
-/// Decodes every set bit, in bit (= key = voxel) order.
-__global__ void bitmap_emit_kernel(const unsigned long long* words, const int32_t* chunk_position, int64_t num_words,
-                                   KeyCodec codec, int32_t* ijk) {
-    SG_GRID_STRIDE_LOOP(w, num_words) {
-        unsigned long long bits = words[w];
+/// Decodes every set bit of every bitmap, in bit (= key = voxel) order, into its grid's coordinates.
+/// Each thread reads out one slice of 2^log2_slice bits of a word, so that a small dense bitmap (a
+/// coarse level: few words, most bits set) spreads over as many threads as a large sparse one instead
+/// of leaving a thread a whole word's voxels to decode one after the other.
+__global__ void bitmap_emit_kernel(const unsigned long long* words, const int32_t* chunk_position, BitmapBatch batch,
+                                   int32_t log2_slice) {
+    const int32_t log2_slices = 6 - log2_slice;
+    SG_GRID_STRIDE_LOOP(t, batch.first_word[batch.count] << log2_slices) {
+        const int64_t w = t >> log2_slices;
+        const int32_t first_bit = static_cast<int32_t>(t - (w << log2_slices)) << log2_slice;
+        const unsigned long long word = words[w];
+        const unsigned long long slice = log2_slice == 6 ? ~0ull : ((1ull << (1 << log2_slice)) - 1) << first_bit;
+        unsigned long long bits = word & slice;
         if (!bits) continue;
-        int64_t position = chunk_position[w / kChunkWords];
-        for (int64_t v = (w / kChunkWords) * kChunkWords; v < w; ++v) position += __popcll(words[v]);
+        int32_t i = 0;
+        while (w >= batch.first_word[i + 1]) ++i;
+        const int64_t first = batch.first_word[i];
+        int64_t position = chunk_position[w / kChunkWords] - chunk_position[first / kChunkWords] +
+            __popcll(word & ((1ull << first_bit) - 1));
+        for (int64_t v = w / kChunkWords * kChunkWords; v < w; ++v) position += __popcll(words[v]);
+        int32_t* ijk = batch.ijk[i];
         while (bits) {
             const int b = __ffsll(static_cast<long long>(bits)) - 1;
             bits &= bits - 1;
-            const DecodedKey d = decode_key<uint64_t>(codec, static_cast<uint64_t>(w) * 64 + b);
+            const DecodedKey d = decode_key<uint64_t>(batch.codec[i], static_cast<uint64_t>(w - first) * 64 + b);
             ijk[3 * position] = d.ijk[0];
             ijk[3 * position + 1] = d.ijk[1];
             ijk[3 * position + 2] = d.ijk[2];
             ++position;
         }
     }
+}
+
+/// log2 of the bits each thread of bitmap_emit_kernel reads out: whole words while there are at least
+/// 2^22 of them, else slices small enough for about 2^22 threads (down to one bit per thread).
+int32_t emit_log2_slice(int64_t num_words) {
+    int32_t log2_slice = 6;
+    while (log2_slice > 0 && (num_words << (6 - log2_slice)) < (int64_t{1} << 22)) --log2_slice;
+    return log2_slice;
 }
 
 }  // namespace
@@ -226,39 +253,65 @@ template GridTopology canonical_topology<uint64_t>(Buffer<uint64_t>&, const KeyC
 template GridTopology canonical_topology<Key128>(Buffer<Key128>&, const KeyCodec&, int64_t, const CoordBox&, bool,
                                                  const Context&);
 
-FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
-                                           const CoordBox& box, Readback& readback, const Context& ctx) {
+FinishTopologies begin_canonical_from_bitmaps(Buffer<unsigned long long> words, BitmapBatch batch, int64_t batch_size,
+                                              const std::vector<CoordBox>& boxes, Readback& readback,
+                                              const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
-    const int64_t num_words = words.size();
+    const int64_t num_words = batch.first_word[batch.count];
     const int64_t chunks = num_words / kChunkWords;
     Buffer<int32_t> counts = Buffer<int32_t>::allocate(chunks + 1, ctx);
     auto position = std::make_shared<Buffer<int32_t>>(Buffer<int32_t>::allocate(chunks + 1, ctx));
     chunk_popcount_kernel<<<blocks_for(chunks + 1), kThreads, 0, stream>>>(words.data(), chunks, counts.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     exclusive_scan(counts.data(), position->data(), chunks + 1, ctx);
-    auto offsets_buffer = std::make_shared<Buffer<int64_t>>(Buffer<int64_t>::allocate(batch_size + 1, ctx));
-    bitmap_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(
-        words.data(), position->data(), chunks, codec, batch_size, offsets_buffer->data());
+    auto offsets = std::make_shared<std::vector<Buffer<int64_t>>>();
+    std::vector<size_t> slots;
+    for (int32_t i = 0; i < batch.count; ++i) {
+        offsets->push_back(Buffer<int64_t>::allocate(batch_size + 1, ctx));
+        batch.offsets[i] = offsets->back().data();
+    }
+    const int64_t entries = batch.count * (batch_size + 1);
+    bitmap_offsets_kernel<<<blocks_for(entries), kThreads, 0, stream>>>(words.data(), position->data(), batch,
+                                                                        batch_size);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    const size_t slot = readback.enqueue(offsets_buffer->data(), batch_size + 1);
+    for (const Buffer<int64_t>& grid_offsets : *offsets)
+        slots.push_back(readback.enqueue(grid_offsets.data(), batch_size + 1));
     auto bitmap = std::make_shared<Buffer<unsigned long long>>(std::move(words));
-    // Held as in begin_canonical_topology: the offsets until the readback, the bitmap and ranks until
-    // the grid is read out.
-    return
-        [ctx, stream, codec, batch_size, box, slot, num_words, bitmap, position, offsets_buffer](const Readback& done) {
-            GridTopology topology;
-            topology.offsets = done.get<int64_t>(slot, batch_size + 1);
-            const int64_t count = topology.offsets.back();
-            topology.ijk = Buffer<int32_t>::allocate(3 * count, ctx);
-            if (count > 0) {
-                bitmap_emit_kernel<<<blocks_for(num_words), kThreads, 0, stream>>>(
-                    bitmap->data(), position->data(), num_words, codec, topology.ijk.data());
-                SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-            }
-            topology.offsets_buffer = std::move(*offsets_buffer);
-            topology.box = box;
-            return topology;
-        };
+    // Held as in begin_canonical_topology: the offsets until the readback, the bitmaps and ranks until
+    // the grids are read out.
+    return [ctx, stream, batch, batch_size, boxes, slots, bitmap, position, offsets](const Readback& done) {
+        std::vector<GridTopology> topologies(static_cast<size_t>(batch.count));
+        BitmapBatch emit = batch;
+        int64_t total = 0;
+        for (int32_t i = 0; i < batch.count; ++i) {
+            GridTopology& topology = topologies[static_cast<size_t>(i)];
+            topology.offsets = done.get<int64_t>(slots[static_cast<size_t>(i)], batch_size + 1);
+            topology.ijk = Buffer<int32_t>::allocate(3 * topology.offsets.back(), ctx);
+            topology.offsets_buffer = std::move((*offsets)[static_cast<size_t>(i)]);
+            topology.box = boxes[static_cast<size_t>(i)];
+            emit.ijk[i] = topology.ijk.data();
+            total += topology.offsets.back();
+        }
+        if (total > 0) {
+            const int64_t num_words = batch.first_word[batch.count];
+            const int32_t log2_slice = emit_log2_slice(num_words);
+            bitmap_emit_kernel<<<blocks_for(num_words << (6 - log2_slice)), kThreads, 0, stream>>>(
+                bitmap->data(), position->data(), emit, log2_slice);
+            SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+        }
+        return topologies;
+    };
+}
+
+FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
+                                           const CoordBox& box, Readback& readback, const Context& ctx) {
+    BitmapBatch batch;
+    batch.count = 1;
+    batch.first_word[1] = words.size();
+    batch.codec[0] = codec;
+    const FinishTopologies finish = begin_canonical_from_bitmaps(std::move(words), batch, batch_size, {box}, readback,
+                                                                 ctx);
+    return [finish](const Readback& done) { return std::move(finish(done)[0]); };
 }
 
 GridTopology canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,

@@ -73,6 +73,28 @@ GridTopology canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCo
 FinishTopology begin_canonical_from_bitmap(Buffer<unsigned long long> words, const KeyCodec& codec, int64_t batch_size,
                                            const CoordBox& box, Readback& readback, const Context& ctx);
 
+/// Several grids' bitmaps side by side in one buffer, read out together: bitmap i holds words
+/// [first_word[i], first_word[i + 1]) (a whole number of chunks) over the key space of codec[i]. The
+/// pointers are the read-out's own.
+constexpr int32_t kMaxBitmaps = 16;
+struct BitmapBatch {
+    int32_t count = 0;
+    int64_t first_word[kMaxBitmaps + 1] = {};
+    KeyCodec codec[kMaxBitmaps];
+    int64_t* offsets[kMaxBitmaps] = {};
+    int32_t* ijk[kMaxBitmaps] = {};
+};
+
+/// The second halves of several grids built together (see FinishTopology).
+using FinishTopologies = std::function<std::vector<GridTopology>(const Readback&)>;
+
+/// begin_canonical_from_bitmap for the bitmaps of `batch` (grid i with box boxes[i]) at once: the same
+/// launches as for one bitmap (popcounts, one scan, the member offsets, and after the readback one
+/// read-out), whatever the number of grids. At most 2^31 bits in all.
+FinishTopologies begin_canonical_from_bitmaps(Buffer<unsigned long long> words, BitmapBatch batch, int64_t batch_size,
+                                              const std::vector<CoordBox>& boxes, Readback& readback,
+                                              const Context& ctx);
+
 /// Where candidate keys go: into fixed slots of a key array (sorted afterwards; unused slots get the
 /// sentinel), or into a bitmap over the whole key space (read out in key order afterwards).
 template <typename KeyT>

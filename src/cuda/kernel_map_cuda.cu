@@ -32,7 +32,8 @@ __device__ __forceinline__ int64_t divide(int64_t entry, int32_t divisor) {
 /// the same answers; the table needs fewer dependent memory reads per lookup.
 template <typename KeyT>
 struct DeviceLookup {
-    const KeyT* keys;       ///< sorted keys of the grid (search) or table slots (hash)
+    const KeyT* keys;       ///< the key of each voxel of the grid, in voxel order (so sorted)
+    const KeyT* slots;      ///< hash: the table's keys; search: null
     const int32_t* values;  ///< hash: voxel index per slot; search: null
     uint64_t mask;          ///< hash: capacity - 1
     const int64_t* offsets;
@@ -54,7 +55,7 @@ struct DeviceLookup {
     __device__ __forceinline__ int64_t find_key(int64_t member, KeyT key) const {
         if (values) {
             for (uint64_t slot = hash_slot(static_cast<uint64_t>(key), mask);; slot = (slot + 1) & mask) {
-                const KeyT stored = keys[slot];
+                const KeyT stored = slots[slot];
                 if (stored == key) return values[slot];
                 if (stored == ~KeyT(0)) return -1;
             }
@@ -69,17 +70,20 @@ struct DeviceLookup {
 template <typename KeyT>
 struct LookupStorage {
     Buffer<KeyT> keys;
+    Buffer<KeyT> slots;
     Buffer<int32_t> values;
     DeviceLookup<KeyT> view;
 };
 
-/// Encodes every voxel of a grid and inserts it into the table (keys are unique, so a slot is only
-/// ever claimed once).
+/// Encodes every voxel of a grid into keys[n] and inserts it into the table (keys are unique, so a
+/// slot is only ever claimed once).
 __global__ void hash_insert_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
-                                   KeyCodec codec, uint64_t mask, unsigned long long* slots, int32_t* values) {
+                                   KeyCodec codec, uint64_t mask, uint64_t* keys, unsigned long long* slots,
+                                   int32_t* values) {
     SG_GRID_STRIDE_LOOP(n, count) {
         const unsigned long long key = encode_key<uint64_t>(codec, member_of(offsets, batch_size, n), ijk[3 * n],
                                                             ijk[3 * n + 1], ijk[3 * n + 2]);
+        keys[n] = key;
         for (uint64_t slot = hash_slot(key, mask);; slot = (slot + 1) & mask) {
             const unsigned long long previous = atomicCAS(&slots[slot], ~0ull, key);
             if (previous == ~0ull || previous == key) {
@@ -107,12 +111,14 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
         if (use_hash_lookup() && n > 0) {
             const uint64_t capacity = hash_capacity(n);
             mask = capacity - 1;
-            storage.keys = Buffer<KeyT>::allocate(static_cast<int64_t>(capacity), ctx);
+            storage.keys = Buffer<KeyT>::allocate(n, ctx);
+            storage.slots = Buffer<KeyT>::allocate(static_cast<int64_t>(capacity), ctx);
             storage.values = Buffer<int32_t>::allocate(static_cast<int64_t>(capacity), ctx);
-            CudaBackend::fill_bytes(storage.keys.data(), ctx.device, 0xff, capacity * sizeof(KeyT), ctx.stream);
+            CudaBackend::fill_bytes(storage.slots.data(), ctx.device, 0xff, capacity * sizeof(KeyT), ctx.stream);
             hash_insert_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
                 grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, codec, mask,
-                reinterpret_cast<unsigned long long*>(storage.keys.data()), storage.values.data());
+                storage.keys.data(), reinterpret_cast<unsigned long long*>(storage.slots.data()),
+                storage.values.data());
             SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
             hashed = true;
         }
@@ -123,6 +129,7 @@ LookupStorage<KeyT> make_lookup(const GridStorage& grid, const KeyCodec& codec) 
     }
     const CoordBox& box = grid.topology.box;
     storage.view = DeviceLookup<KeyT>{storage.keys.data(),
+                                      hashed ? storage.slots.data() : nullptr,
                                       hashed ? storage.values.data() : nullptr,
                                       mask,
                                       grid.topology.offsets_buffer.data(),
@@ -204,6 +211,69 @@ __global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* i
                 g.coarse_of(a, ijk[3 * row + a], tap[a], &q[a]);
         }
         const int64_t found = lookup.find(member_of(offsets, batch_size, row), q);
+        map[row * volume + t] = static_cast<int32_t>(found);
+        if (found >= 0) map[found * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
+    }
+}
+
+/// A tap of the symmetric map over 64-bit keys: its offset, and the offset's low coord_bits bits spread
+/// onto each axis's bits of a key.
+struct MovedTap {
+    uint64_t spread[3];
+    int32_t offset[3];
+};
+
+/// The key of a voxel moved by small per-axis offsets, from the voxel's own key: on each axis the
+/// spread offset is added to the axis's bits, the carry running through the other bits (set to one for
+/// the addition), so the sum wraps modulo 2^coord_bits. Exact while the moved coordinates stay in the
+/// codec's range, as every coordinate inside the grid's box does.
+__device__ __forceinline__ uint64_t moved_key(uint64_t key, const uint64_t axis_bits[3], const uint64_t spread[3]) {
+    for (int a = 0; a < 3; ++a) key = (key & ~axis_bits[a]) | (((key | ~axis_bits[a]) + spread[a]) & axis_bits[a]);
+    return key;
+}
+
+/// symmetric_map_kernel over 64-bit keys, with fewer instructions per entry (the kernel is bound by
+/// them, not by memory): a neighbour's key comes from the row's key (moved_key) instead of its member
+/// and coordinates, and the block prepares every tap's offsets once, in `taps` (half of the kernel
+/// volume entries of shared memory).
+__global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const int32_t* ijk, int64_t rows,
+                                           ConvGeometry g, bool forward, int32_t* map) {
+    extern __shared__ MovedTap taps[];
+    const int32_t volume = g.kernel_volume();
+    const int32_t half = volume / 2;
+    const uint64_t coordinate = (uint64_t{1} << lookup.codec.coord_bits) - 1;
+    for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
+        int32_t tap[3];
+        g.tap_of(t, tap);
+        for (int a = 0; a < 3; ++a) {
+            // Stride 1: the transposed direction's offset is the opposite of the forward one.
+            const int32_t offset = forward ? tap[a] - g.pad[a] : g.pad[a] - tap[a];
+            taps[t].offset[a] = offset;
+            taps[t].spread[a] = spread_bits3(static_cast<uint64_t>(offset) & coordinate) << (2 - a);
+        }
+    }
+    __syncthreads();
+    const uint64_t axis_bits[3] = {spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1,
+                                   spread_bits3(coordinate)};
+    const int32_t morton_bits = lookup.codec.morton_bits();
+    SG_GRID_STRIDE_LOOP(entry, rows * (half + 1)) {
+        const int64_t row = divide(entry, half + 1);
+        const int32_t t = static_cast<int32_t>(entry - row * (half + 1));
+        if (t == half) {
+            map[row * volume + half] = static_cast<int32_t>(row);
+            continue;
+        }
+        const MovedTap& tap = taps[t];
+        bool inside = true;
+        for (int a = 0; a < 3; ++a) {
+            const int64_t q = int64_t{ijk[3 * row + a]} + tap.offset[a];
+            inside = inside && q >= lookup.lo[a] && q <= lookup.hi[a];
+        }
+        int64_t found = -1;
+        if (inside) {
+            const uint64_t key = moved_key(lookup.keys[row], axis_bits, tap.spread);
+            found = lookup.find_key(static_cast<int64_t>(key >> morton_bits), key);
+        }
         map[row * volume + t] = static_cast<int32_t>(found);
         if (found >= 0) map[found * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
     }
@@ -304,6 +374,10 @@ PairLists pairs_by_tap_impl(const Buffer<int32_t>& map, int64_t num_target, int3
     return pairs;
 }
 
+/// Shared memory of symmetric_map_moved_kernel's taps at most (kernels up to 9 x 9 x 9); larger kernels
+/// take symmetric_map_kernel.
+constexpr size_t kMovedTapBytes = 16 * 1024;
+
 }  // namespace
 
 }  // namespace sparsegrid::detail::cuda
@@ -355,6 +429,16 @@ Buffer<int32_t> CudaBackend::neighbour_map(const GridStorage& source, const Grid
             CudaBackend::fill_bytes(map.data(), ctx.device, 0xff, static_cast<size_t>(entries) * sizeof(int32_t),
                                     ctx.stream);
             const int64_t work = target.num_voxels() * (g.kernel_volume() / 2 + 1);
+            const size_t shared = static_cast<size_t>(g.kernel_volume() / 2) * sizeof(MovedTap);
+            if constexpr (std::is_same_v<std::decay_t<decltype(lookup)>, DeviceLookup<uint64_t>>) {
+                if (shared <= kMovedTapBytes) {
+                    symmetric_map_moved_kernel<<<blocks_for(work), kThreads, shared, stream_of(ctx)>>>(
+                        lookup, target.topology.ijk.data(), target.num_voxels(), g, direction == MapDirection::Forward,
+                        map.data());
+                    SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+                    return 0;
+                }
+            }
             symmetric_map_kernel<<<blocks_for(work), kThreads, 0, stream_of(ctx)>>>(
                 lookup, target.topology.ijk.data(), target.topology.offsets_buffer.data(), target.batch_size(),
                 target.num_voxels(), g, direction == MapDirection::Forward, map.data());

@@ -18,25 +18,72 @@ namespace sparsegrid::detail::cuda {
 
 namespace {
 
-/// conv_grid candidates: each fine voxel emits the coarse coordinates of its box into `per_voxel`
-/// fixed slots.
+/// The conv_grid candidates of fine voxel x (coordinates of `member`) into slots first .. first +
+/// per_voxel - 1 of `sink`, the unused ones padded. A voxel whose box is that of its predecessor
+/// `previous` (same member; null for a member's first voxel) leaves all its slots to the padding: the
+/// predecessor emits the same keys. Only with a stride of at least 2 on every axis can the boxes of two
+/// distinct voxels agree; at a coarse output most fine voxels share their predecessor's box (voxel
+/// order keeps the voxels of a coarse cell together), and a bitmap sink would otherwise see them all
+/// write the same few words at once.
 template <typename KeyT, typename Sink>
-__global__ void conv_grid_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
-                                            int64_t count, ConvGeometry g, int32_t per_voxel, KeyCodec codec,
-                                            Sink sink) {
-    SG_GRID_STRIDE_LOOP(n, count) {
-        const int64_t member = member_of(offsets, batch_size, n);
-        int64_t lo[3], hi[3];
-        for (int a = 0; a < 3; ++a) g.coarse_range(a, ijk[3 * n + a], &lo[a], &hi[a]);
-        const int64_t first = n * per_voxel;
-        int32_t written = 0;
+__device__ __forceinline__ void emit_conv_grid_candidates(const ConvGeometry& g, const KeyCodec& codec, int64_t member,
+                                                          const int32_t x[3], const int32_t* previous, Sink sink,
+                                                          int64_t first, int32_t per_voxel) {
+    int64_t lo[3], hi[3];
+    for (int a = 0; a < 3; ++a) g.coarse_range(a, x[a], &lo[a], &hi[a]);
+    bool repeated = previous != nullptr && g.stride[0] >= 2 && g.stride[1] >= 2 && g.stride[2] >= 2;
+    for (int a = 0; a < 3 && repeated; ++a) {
+        int64_t previous_lo, previous_hi;
+        g.coarse_range(a, previous[a], &previous_lo, &previous_hi);
+        repeated = previous_lo == lo[a] && previous_hi == hi[a];
+    }
+    int32_t written = 0;
+    if (!repeated)
         for (int64_t c0 = lo[0]; c0 <= hi[0]; ++c0)
             for (int64_t c1 = lo[1]; c1 <= hi[1]; ++c1)
                 for (int64_t c2 = lo[2]; c2 <= hi[2]; ++c2)
                     sink.put(first + written++,
                              encode_key<KeyT>(codec, member, static_cast<int32_t>(c0), static_cast<int32_t>(c1),
                                               static_cast<int32_t>(c2)));
-        for (; written < per_voxel; ++written) sink.pad(first + written);
+    for (; written < per_voxel; ++written) sink.pad(first + written);
+}
+
+/// conv_grid candidates: each fine voxel emits the coarse coordinates of its box into `per_voxel`
+/// fixed slots (emit_conv_grid_candidates).
+template <typename KeyT, typename Sink>
+__global__ void conv_grid_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
+                                            int64_t count, ConvGeometry g, int32_t per_voxel, KeyCodec codec,
+                                            Sink sink) {
+    SG_GRID_STRIDE_LOOP(n, count) {
+        const int64_t member = member_of(offsets, batch_size, n);
+        emit_conv_grid_candidates<KeyT>(g, codec, member, ijk + 3 * n,
+                                        n > offsets[member] ? ijk + 3 * (n - 1) : nullptr, sink, n * per_voxel,
+                                        per_voxel);
+    }
+}
+
+/// Several conv_grids of one grid into bitmaps side by side (begin_conv_grids_in_bitmaps).
+struct ConvGridsInBitmaps {
+    int32_t count;
+    ConvGeometry g[kMaxBitmaps];
+    KeyCodec codec[kMaxBitmaps];
+    unsigned long long* words[kMaxBitmaps];
+};
+
+/// conv_grid candidates of every grid of `grids`: each fine voxel reads its coordinates and member
+/// once for all of them.
+__global__ void conv_grids_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
+                                             int64_t count, ConvGridsInBitmaps grids) {
+    SG_GRID_STRIDE_LOOP(n, count) {
+        const int64_t member = member_of(offsets, batch_size, n);
+        const int32_t x[3] = {ijk[3 * n], ijk[3 * n + 1], ijk[3 * n + 2]};
+        const bool has_previous = n > offsets[member];
+        int32_t previous[3] = {0, 0, 0};
+        if (has_previous)
+            for (int a = 0; a < 3; ++a) previous[a] = ijk[3 * (n - 1) + a];
+        for (int32_t i = 0; i < grids.count; ++i)
+            emit_conv_grid_candidates<uint64_t>(grids.g[i], grids.codec[i], member, x,
+                                                has_previous ? previous : nullptr, BitmapSink{grids.words[i]}, 0, 0);
     }
 }
 
@@ -259,23 +306,70 @@ Buffer<int32_t> CudaBackend::points_to_ijk(const double* xyz, const std::vector<
 
 namespace {
 
+/// The candidates of conv_grid into `sink` (at most the kernel volume per voxel, an int32; the front
+/// end has checked the product for int64).
+template <typename KeyT, typename Sink>
+void launch_conv_grid_candidates(const GridStorage& grid, const ConvGeometry& g, const KeyCodec& codec, Sink sink) {
+    const int64_t n = grid.num_voxels();
+    if (n == 0) return;
+    conv_grid_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(grid.context)>>>(
+        grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g,
+        static_cast<int32_t>(conv_grid_candidates_per_voxel(g)), codec, sink);
+    SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
+}
+
+/// The box is exact only when every fine voxel reaches a coarse voxel on every axis (K >= S).
+bool conv_grid_box_exact(const ConvGeometry& g) {
+    return g.kernel[0] >= g.stride[0] && g.kernel[1] >= g.stride[1] && g.kernel[2] >= g.stride[2];
+}
+
 /// conv_grid up to its readback (begin_generate_grid).
 FinishTopology begin_conv_grid(const GridStorage& grid, const ConvGeometry& g, const CoordBox& out_box,
                                Readback& readback) {
     const KeyCodec codec = make_codec(out_box, grid.batch_size());
-    // At most the kernel volume (an int32); the front end has checked the product for int64.
-    const auto per_voxel = static_cast<int32_t>(conv_grid_candidates_per_voxel(g));
+    const int64_t slots = grid.num_voxels() * conv_grid_candidates_per_voxel(g);
+    return begin_generate_grid(
+        grid, codec, slots, out_box, conv_grid_box_exact(g), readback,
+        [&](auto key_tag, auto sink) { launch_conv_grid_candidates<decltype(key_tag)>(grid, g, codec, sink); });
+}
+
+/// Several conv_grids of one grid whose candidates all go to bitmaps, in one buffer read out together
+/// (begin_canonical_from_bitmaps): a fill, one candidate launch and the read-out's launches for all of
+/// them, where one at a time each grid takes a fill, a candidate launch and the read-out's. Returns null
+/// where some grid would sort its candidates, or the bitmaps are too many or too large together.
+FinishTopologies begin_conv_grids_in_bitmaps(const GridStorage& grid, const std::vector<ConvGeometry>& gs,
+                                             const std::vector<CoordBox>& out_boxes, Readback& readback) {
+    if (gs.size() > static_cast<size_t>(kMaxBitmaps)) return nullptr;
+    BitmapBatch batch;
+    batch.count = static_cast<int32_t>(gs.size());
+    for (size_t i = 0; i < gs.size(); ++i) {
+        const KeyCodec codec = make_codec(out_boxes[i], grid.batch_size());
+        const int64_t slots = grid.num_voxels() * conv_grid_candidates_per_voxel(gs[i]);
+        if (!use_bitmap(codec, slots, conv_grid_box_exact(gs[i]))) return nullptr;
+        batch.codec[i] = codec;
+        batch.first_word[i + 1] = batch.first_word[i] +
+            std::max<int64_t>(kChunkWords, (int64_t{1} << codec.total_bits()) / 64);
+    }
+    const int64_t num_words = batch.first_word[batch.count];
+    if (num_words > (int64_t{1} << 25)) return nullptr;  // the read-out ranks bits in int32
+    const Context& ctx = grid.context;
+    Buffer<unsigned long long> words = Buffer<unsigned long long>::allocate(num_words, ctx);
+    CudaBackend::fill_bytes(words.data(), ctx.device, 0, static_cast<size_t>(num_words) * sizeof(unsigned long long),
+                            ctx.stream);
+    ConvGridsInBitmaps grids{};
+    grids.count = batch.count;
+    for (int32_t i = 0; i < batch.count; ++i) {
+        grids.g[i] = gs[static_cast<size_t>(i)];
+        grids.codec[i] = batch.codec[i];
+        grids.words[i] = words.data() + batch.first_word[i];
+    }
     const int64_t n = grid.num_voxels();
-    const int64_t slots = n * per_voxel;
-    // The box is exact only when every fine voxel reaches a coarse voxel on every axis (K >= S).
-    const bool box_exact = g.kernel[0] >= g.stride[0] && g.kernel[1] >= g.stride[1] && g.kernel[2] >= g.stride[2];
-    return begin_generate_grid(grid, codec, slots, out_box, box_exact, readback, [&](auto key_tag, auto sink) {
-        using KeyT = decltype(key_tag);
-        conv_grid_candidates_kernel<KeyT><<<blocks_for(n), kThreads, 0, stream_of(grid.context)>>>(
-            grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, g, per_voxel, codec,
-            sink);
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(grid.context));
-    });
+    if (n > 0) {
+        conv_grids_candidates_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
+            grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, grids);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+    }
+    return begin_canonical_from_bitmaps(std::move(words), batch, grid.batch_size(), out_boxes, readback, ctx);
 }
 
 }  // namespace
@@ -293,6 +387,13 @@ std::vector<GridTopology> CudaBackend::conv_grids(const GridStorage& grid, const
     if (gs.empty()) return {};
     DeviceGuard guard(grid.context);
     Readback readback(grid.context);
+    if (gs.size() > 1) {
+        const FinishTopologies together = begin_conv_grids_in_bitmaps(grid, gs, out_boxes, readback);
+        if (together) {
+            readback.wait();  // the one sync
+            return together(readback);
+        }
+    }
     std::vector<FinishTopology> finishing;
     finishing.reserve(gs.size());
     for (size_t i = 0; i < gs.size(); ++i) finishing.push_back(begin_conv_grid(grid, gs[i], out_boxes[i], readback));
