@@ -172,6 +172,26 @@ TEST_P(TopologyTest, PyramidEqualsTheCallsItReplaces) {
         }
 }
 
+TEST_P(TopologyTest, PyramidOfManyGridsEqualsTheCallsItReplaces) {
+    // 4 levels and 14 coarsened grids: more grids than one shared bitmap buffer takes on CUDA (16), so
+    // they are built one by one there, with one sync for all still.
+    std::vector<Vec3i> factors;
+    for (int32_t f = 2; f < 16; ++f) factors.push_back({f, 1 + f % 3, 2});
+    for (std::size_t i = 0; i < 3; ++i) {
+        const RandomCase c = make_case(i, false, ctx());
+        SCOPED_TRACE(trace(c));
+        const sparsegrid::GridPyramid pyramid = c.grid.pyramid({3, 3, 3}, {2, 2, 2}, 4, factors);
+        GridBatch level = c.grid;
+        for (int l = 0; l < 4; ++l) {
+            level = level.conv_grid({3, 3, 3}, {2, 2, 2});
+            expect_same_grid(pyramid.levels[l], level, "level " + std::to_string(l));
+        }
+        for (std::size_t f = 0; f < factors.size(); ++f)
+            expect_same_grid(pyramid.coarsened[f], c.grid.coarsened_grid(factors[f]),
+                             "coarsened by " + str(factors[f]));
+    }
+}
+
 TEST_P(TopologyTest, PyramidArgumentsAreChecked) {
     const RandomCase c = make_case(0, false, ctx());
     EXPECT_TRUE(throws_error([&] { c.grid.pyramid({3, 3, 3}, {2, 2, 2}, -1); }, "pyramid", {"levels", ">= 0"}));
