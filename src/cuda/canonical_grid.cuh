@@ -90,7 +90,7 @@ using FinishTopologies = std::function<std::vector<GridTopology>(const Readback&
 
 /// begin_canonical_from_bitmap for the bitmaps of `batch` (grid i with box boxes[i]) at once: the same
 /// launches as for one bitmap (popcounts, one scan, the member offsets, and after the readback one
-/// read-out), whatever the number of grids. At most 2^31 bits in all.
+/// read-out), whatever the number of grids. Fewer than 2^31 bits in all (ranks are int32).
 FinishTopologies begin_canonical_from_bitmaps(Buffer<unsigned long long> words, BitmapBatch batch, int64_t batch_size,
                                               const std::vector<CoordBox>& boxes, Readback& readback,
                                               const Context& ctx);

@@ -351,7 +351,7 @@ FinishTopologies begin_conv_grids_in_bitmaps(const GridStorage& grid, const std:
             std::max<int64_t>(kChunkWords, (int64_t{1} << codec.total_bits()) / 64);
     }
     const int64_t num_words = batch.first_word[batch.count];
-    if (num_words > (int64_t{1} << 25)) return nullptr;  // the read-out ranks bits in int32
+    if (num_words >= (int64_t{1} << 25)) return nullptr;  // the read-out ranks bits in int32: < 2^31 bits
     const Context& ctx = grid.context;
     Buffer<unsigned long long> words = Buffer<unsigned long long>::allocate(num_words, ctx);
     CudaBackend::fill_bytes(words.data(), ctx.device, 0, static_cast<size_t>(num_words) * sizeof(unsigned long long),
