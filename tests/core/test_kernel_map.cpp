@@ -244,6 +244,31 @@ TEST_P(KernelMapTest, MembersDoNotInteract) {
     EXPECT_EQ(map.num_edges(), 0);
 }
 
+TEST_P(KernelMapTest, SymmetricMapsAtTheEndsOfTheKeyRange) {
+    // Coordinates -8 .. 7 on every axis fill a 4-bit key range exactly (the smallest that holds the
+    // box): an offset that leaves the box at one end must not find the voxels at the other end, which a
+    // key moved without the box test would wrap onto. Lines along each axis at the box's faces and
+    // edges, a diagonal, and a member in between.
+    MemberLists members(3);
+    for (int32_t v = -8; v <= 7; ++v) {
+        members[0].push_back({v, -8, 7});
+        members[0].push_back({-8, v, -8});
+        members[0].push_back({7, 7, v});
+        members[0].push_back({v, 0, -8});
+        members[2].push_back({v, v, v});
+        members[2].push_back({-8, -v - 1, 7});
+    }
+    members[1] = {{-8, -8, -8}, {7, 7, 7}, {0, 0, 0}};
+    const GridBatch grid = make_grid(members);
+    for (const Vec3i& k : {Vec3i{3, 3, 3}, Vec3i{5, 5, 5}, Vec3i{7, 1, 3}})
+        for (MapDirection d : {MapDirection::Forward, MapDirection::Transposed}) {
+            SCOPED_TRACE("K=" + str(k) + (d == MapDirection::Forward ? " forward" : " transposed"));
+            const KernelMap map = neighbour_map(grid, grid, k, {1, 1, 1}, d);
+            EXPECT_TRUE(map_matches_oracle(map, grid, grid, k, {1, 1, 1}, d));
+            EXPECT_TRUE(pairs_match_map(map));
+        }
+}
+
 TEST_P(KernelMapTest, FarCoordinatesDoNotWrap) {
     // S*c + tap - pb computed in 32 bits would wrap onto voxels that exist on the other side of the
     // int32 range; those must not be found.
