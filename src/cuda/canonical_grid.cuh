@@ -123,6 +123,11 @@ inline bool use_bitmap(const KeyCodec& codec, int64_t candidates, bool box_exact
     return (int64_t{1} << codec.total_bits()) <= 64 * std::max<int64_t>(candidates, int64_t{1} << 20);
 }
 
+/// Words of the bitmap over the codec's whole key space (at least one chunk).
+inline int64_t bitmap_words(const KeyCodec& codec) {
+    return std::max<int64_t>(kChunkWords, (int64_t{1} << codec.total_bits()) / 64);
+}
+
 /// Builds a generated grid from candidates up to its readback: launch(key_tag, sink) emits `slots`
 /// candidates into the sink, either fixed key slots (then sorted) or the bitmap.
 template <typename Launch>
@@ -130,8 +135,7 @@ FinishTopology begin_generate_grid(const GridStorage& grid, const KeyCodec& code
                                    bool box_exact, Readback& readback, Launch&& launch) {
     const Context& ctx = grid.context;
     if (use_bitmap(codec, slots, box_exact)) {
-        const int64_t bits = int64_t{1} << codec.total_bits();
-        const int64_t num_words = std::max<int64_t>(kChunkWords, bits / 64);
+        const int64_t num_words = bitmap_words(codec);
         Buffer<unsigned long long> words = Buffer<unsigned long long>::allocate(num_words, ctx);
         CudaBackend::fill_bytes(words.data(), ctx.device, 0,
                                 static_cast<size_t>(num_words) * sizeof(unsigned long long), ctx.stream);

@@ -186,12 +186,11 @@ __global__ void neighbour_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* t
 }
 
 /// Same grid, stride 1, odd kernel: the map is symmetric (map[n][t] = m exactly when
-/// map[m][V-1-t] = n), so only taps below the centre are searched and each edge found is written
-/// twice. The map must be filled with -1 beforehand.
-template <typename KeyT>
-__global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* ijk, const int64_t* offsets,
-                                     int64_t batch_size, int64_t rows, ConvGeometry g, bool forward, int32_t* map) {
-    const int32_t volume = g.kernel_volume();
+/// map[m][V-1-t] = n), so only taps below the centre are searched, by find(row, t) (the source index
+/// or -1), and each edge found is written twice; the centre tap maps a row to itself. The map must be
+/// filled with -1 beforehand.
+template <typename Find>
+__device__ __forceinline__ void symmetric_map_entries(int64_t rows, int32_t volume, int32_t* map, Find&& find) {
     const int32_t half = volume / 2;
     SG_GRID_STRIDE_LOOP(entry, rows * (half + 1)) {
         const int64_t row = divide(entry, half + 1);
@@ -200,6 +199,17 @@ __global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* i
             map[row * volume + half] = static_cast<int32_t>(row);
             continue;
         }
+        const int64_t found = find(row, t);
+        map[row * volume + t] = static_cast<int32_t>(found);
+        if (found >= 0) map[found * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
+    }
+}
+
+/// The symmetric map (symmetric_map_entries), each neighbour looked up by its member and coordinates.
+template <typename KeyT>
+__global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* ijk, const int64_t* offsets,
+                                     int64_t batch_size, int64_t rows, ConvGeometry g, bool forward, int32_t* map) {
+    symmetric_map_entries(rows, g.kernel_volume(), map, [&](int64_t row, int32_t t) {
         int32_t tap[3];
         g.tap_of(t, tap);
         int64_t q[3];
@@ -210,10 +220,8 @@ __global__ void symmetric_map_kernel(DeviceLookup<KeyT> lookup, const int32_t* i
             else
                 g.coarse_of(a, ijk[3 * row + a], tap[a], &q[a]);
         }
-        const int64_t found = lookup.find(member_of(offsets, batch_size, row), q);
-        map[row * volume + t] = static_cast<int32_t>(found);
-        if (found >= 0) map[found * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
-    }
+        return lookup.find(member_of(offsets, batch_size, row), q);
+    });
 }
 
 /// A tap of the symmetric map over 64-bit keys: its offset, and the offset's low coord_bits bits spread
@@ -232,7 +240,7 @@ __device__ __forceinline__ uint64_t moved_key(uint64_t key, const uint64_t axis_
     return key;
 }
 
-/// symmetric_map_kernel over 64-bit keys, with fewer instructions per entry (the kernel is bound by
+/// The symmetric map over 64-bit keys, with fewer instructions per entry (the kernel is bound by
 /// them, not by memory): a neighbour's key comes from the row's key (moved_key) instead of its member
 /// and coordinates, and the block prepares every tap's offsets once, in `taps` (half of the kernel
 /// volume entries of shared memory).
@@ -256,27 +264,17 @@ __global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const 
     const uint64_t axis_bits[3] = {spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1,
                                    spread_bits3(coordinate)};
     const int32_t morton_bits = lookup.codec.morton_bits();
-    SG_GRID_STRIDE_LOOP(entry, rows * (half + 1)) {
-        const int64_t row = divide(entry, half + 1);
-        const int32_t t = static_cast<int32_t>(entry - row * (half + 1));
-        if (t == half) {
-            map[row * volume + half] = static_cast<int32_t>(row);
-            continue;
-        }
+    symmetric_map_entries(rows, volume, map, [&](int64_t row, int32_t t) -> int64_t {
         const MovedTap& tap = taps[t];
         bool inside = true;
         for (int a = 0; a < 3; ++a) {
             const int64_t q = int64_t{ijk[3 * row + a]} + tap.offset[a];
             inside = inside && q >= lookup.lo[a] && q <= lookup.hi[a];
         }
-        int64_t found = -1;
-        if (inside) {
-            const uint64_t key = moved_key(lookup.keys[row], axis_bits, tap.spread);
-            found = lookup.find_key(static_cast<int64_t>(key >> morton_bits), key);
-        }
-        map[row * volume + t] = static_cast<int32_t>(found);
-        if (found >= 0) map[found * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
-    }
+        if (!inside) return -1;
+        const uint64_t key = moved_key(lookup.keys[row], axis_bits, tap.spread);
+        return lookup.find_key(static_cast<int64_t>(key >> morton_bits), key);
+    });
 }
 
 /// flags[t * rows + r] = 1 for every edge (tap-major, so one scan numbers the edges per tap in

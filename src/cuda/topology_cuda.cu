@@ -347,8 +347,7 @@ FinishTopologies begin_conv_grids_in_bitmaps(const GridStorage& grid, const std:
         const int64_t slots = grid.num_voxels() * conv_grid_candidates_per_voxel(gs[i]);
         if (!use_bitmap(codec, slots, conv_grid_box_exact(gs[i]))) return nullptr;
         batch.codec[i] = codec;
-        batch.first_word[i + 1] = batch.first_word[i] +
-            std::max<int64_t>(kChunkWords, (int64_t{1} << codec.total_bits()) / 64);
+        batch.first_word[i + 1] = batch.first_word[i] + bitmap_words(codec);
     }
     const int64_t num_words = batch.first_word[batch.count];
     if (num_words >= (int64_t{1} << 25)) return nullptr;  // the read-out ranks bits in int32: < 2^31 bits
