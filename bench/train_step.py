@@ -90,7 +90,8 @@ def parse_args(argv=None):
     parser.add_argument("--host-profile", default=None, metavar="DIR",
                         help="also run --profile-iterations steps under torch.profiler (host side) and cProfile, "
                              "writing the operators by self CPU time, the Python functions by own time and, on "
-                             "CUDA, the kernels by launches per step to DIR")
+                             "CUDA, the kernels by launches per step to DIR, with the profiled steps' timeline "
+                             "(a Chrome trace)")
     args = parser.parse_args(argv)
     vae.check_resolution(args.resolution)
     if args.iterations < 1 or args.warmup < 0 or args.profile_iterations < 0:
@@ -181,7 +182,8 @@ def write_kernels(averages, count, path):
 def host_profile(step, count, prefix, device):
     """`count` steps under torch.profiler (CPU activity: operators and CUDA runtime calls, with the
     time spent waiting in synchronisations; on CUDA also the kernels, by launches per step) and `count`
-    under cProfile (Python functions), written to prefix + _operators.txt, _kernels.txt and _python.txt."""
+    under cProfile (Python functions), written to prefix + _operators.txt, _kernels.txt and _python.txt, with
+    the profiler's timeline of its steps in prefix + _trace.json."""
     import cProfile
     import pstats
     from torch.profiler import ProfilerActivity, profile
@@ -193,6 +195,9 @@ def host_profile(step, count, prefix, device):
             step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+    # Every operator and runtime call with its time, for attributing launches to the calls that make them
+    # (chrome://tracing or Perfetto).
+    prof.export_chrome_trace(f"{prefix}_trace.json")
     averages = prof.key_averages()
     table = averages.table(sort_by="self_cpu_time_total", row_limit=60)
     pathlib.Path(f"{prefix}_operators.txt").write_text(f"{count} steps\n{table}\n")
@@ -212,7 +217,7 @@ def host_profile(step, count, prefix, device):
         stats.sort_stats("tottime").print_stats(50)
         stats.sort_stats("cumtime").print_stats(60)
     kernels = f", {prefix}_kernels.txt" if device.type == "cuda" else ""
-    print(f"host profile: {prefix}_operators.txt{kernels}, {prefix}_python.txt", flush=True)
+    print(f"host profile: {prefix}_operators.txt{kernels}, {prefix}_python.txt, {prefix}_trace.json", flush=True)
 
 
 # The warning torch.cuda.set_sync_debug_mode("warn") gives at each synchronising operation. Setting the

@@ -70,20 +70,21 @@ struct ConvGridsInBitmaps {
     unsigned long long* words[kMaxBitmaps];
 };
 
-/// conv_grid candidates of every grid of `grids`: each fine voxel reads its coordinates and member
-/// once for all of them.
+/// conv_grid candidates of every grid of `grids`: one thread per (grid, fine voxel), grid-major, so that
+/// a warp shares its geometry and reads consecutive voxels.
 __global__ void conv_grids_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
                                              int64_t count, ConvGridsInBitmaps grids) {
-    SG_GRID_STRIDE_LOOP(n, count) {
+    SG_GRID_STRIDE_LOOP(e, grids.count * count) {
+        const int64_t i = e / count;
+        const int64_t n = e - i * count;
         const int64_t member = member_of(offsets, batch_size, n);
         const int32_t x[3] = {ijk[3 * n], ijk[3 * n + 1], ijk[3 * n + 2]};
         const bool has_previous = n > offsets[member];
         int32_t previous[3] = {0, 0, 0};
         if (has_previous)
             for (int a = 0; a < 3; ++a) previous[a] = ijk[3 * (n - 1) + a];
-        for (int32_t i = 0; i < grids.count; ++i)
-            emit_conv_grid_candidates<uint64_t>(grids.g[i], grids.codec[i], member, x,
-                                                has_previous ? previous : nullptr, BitmapSink{grids.words[i]}, 0, 0);
+        emit_conv_grid_candidates<uint64_t>(grids.g[i], grids.codec[i], member, x, has_previous ? previous : nullptr,
+                                            BitmapSink{grids.words[i]}, 0, 0);
     }
 }
 
@@ -364,7 +365,7 @@ FinishTopologies begin_conv_grids_in_bitmaps(const GridStorage& grid, const std:
     }
     const int64_t n = grid.num_voxels();
     if (n > 0) {
-        conv_grids_candidates_kernel<<<blocks_for(n), kThreads, 0, stream_of(ctx)>>>(
+        conv_grids_candidates_kernel<<<blocks_for(n * grids.count), kThreads, 0, stream_of(ctx)>>>(
             grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), grid.batch_size(), n, grids);
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
     }
