@@ -269,6 +269,38 @@ TEST_P(KernelMapTest, SymmetricMapsAtTheEndsOfTheKeyRange) {
         }
 }
 
+TEST_P(KernelMapTest, SymmetricMapsOfOddKernelShapesMatchTheOracle) {
+    // Same grid, stride 1, odd kernels of every orientation up to 27 taps and beyond, both directions,
+    // on random batches (far members included) and on a solid block whose voxels fill the lookup as
+    // densely as a grid can (every probe of a tap finds a voxel, so the table's collisions count).
+    std::vector<MemberLists> batches;
+    for (std::size_t index : {std::size_t{1}, std::size_t{6}}) {
+        Rng rng(test_seeds()[index] + 7000);
+        RandomBatchOptions options;
+        options.batch_size = 1 + static_cast<int64_t>(index % 5);
+        options.allow_far = index == 6;
+        batches.push_back(random_members(rng, options));
+    }
+    MemberLists block(2);
+    for (int32_t i = -6; i < 6; ++i)
+        for (int32_t j = -5; j < 7; ++j)
+            for (int32_t l = -4; l < 8; ++l) block[(i + j + l) % 7 == 0 ? 0 : 1].push_back({i, j, l});
+    batches.push_back(block);
+    const std::vector<Vec3i> kernels{{1, 1, 3}, {3, 1, 1}, {1, 3, 1}, {3, 3, 1},  {3, 1, 3}, {1, 3, 3},
+                                     {3, 3, 3}, {5, 5, 1}, {1, 5, 5}, {1, 1, 27}, {9, 3, 1}, {5, 5, 3}};
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+        const GridBatch grid = make_grid(batches[b]);
+        for (const Vec3i& k : kernels)
+            for (MapDirection d : {MapDirection::Forward, MapDirection::Transposed}) {
+                SCOPED_TRACE("batch " + std::to_string(b) + " K=" + str(k) +
+                             (d == MapDirection::Forward ? " forward" : " transposed"));
+                const KernelMap map = neighbour_map(grid, grid, k, {1, 1, 1}, d);
+                EXPECT_TRUE(map_matches_oracle(map, grid, grid, k, {1, 1, 1}, d));
+                EXPECT_TRUE(pairs_match_map(map));
+            }
+    }
+}
+
 TEST_P(KernelMapTest, FarCoordinatesDoNotWrap) {
     // S*c + tap - pb computed in 32 bits would wrap onto voxels that exist on the other side of the
     // int32 range; those must not be found.
