@@ -78,12 +78,8 @@ __global__ void conv_grids_candidates_kernel(const int32_t* ijk, const int64_t* 
         const int64_t i = e / count;
         const int64_t n = e - i * count;
         const int64_t member = member_of(offsets, batch_size, n);
-        const int32_t x[3] = {ijk[3 * n], ijk[3 * n + 1], ijk[3 * n + 2]};
-        const bool has_previous = n > offsets[member];
-        int32_t previous[3] = {0, 0, 0};
-        if (has_previous)
-            for (int a = 0; a < 3; ++a) previous[a] = ijk[3 * (n - 1) + a];
-        emit_conv_grid_candidates<uint64_t>(grids.g[i], grids.codec[i], member, x, has_previous ? previous : nullptr,
+        emit_conv_grid_candidates<uint64_t>(grids.g[i], grids.codec[i], member, ijk + 3 * n,
+                                            n > offsets[member] ? ijk + 3 * (n - 1) : nullptr,
                                             BitmapSink{grids.words[i]}, 0, 0);
     }
 }
