@@ -570,6 +570,42 @@ TEST_P(TopologyTest, EmptyMembersStayEmpty) {
     }
 }
 
+/// Coarsening and pruning number their output by one scan over the batch, which also yields the member
+/// offsets: empty members first, between others, in a row and last, and members that the prune empties,
+/// keep their place and size (exactly the oracle's grids).
+TEST_P(TopologyTest, CompactionsKeepEmptyMembersAtEveryPosition) {
+    const MemberLists members{{},
+                              {{0, 0, 0}, {1, 1, 1}, {2, 0, 0}, {-1, -1, -1}, {5, -3, 2}, {4, 4, 4}},
+                              {},
+                              {},
+                              {{7, 7, 7}, {6, 7, 7}, {-8, 0, 9}},
+                              {{100, -100, 3}},
+                              {}};
+    const GridBatch grid = make_grid(members, std::vector<MemberTransform>(members.size()));
+    const OracleBatch oracle = oracle_from_lists(members);
+    for (int32_t factor : {2, 4, 3}) {  // powers of two keep voxel order; 3 takes the general path
+        SCOPED_TRACE("factor " + std::to_string(factor));
+        EXPECT_TRUE(grid_matches(grid.coarsened_grid(factor), oracle_coarsened_grid(oracle, {factor, factor, factor}),
+                                 device()));
+    }
+    EXPECT_TRUE(grid_matches(grid.conv_grid(2, 2), oracle_conv_grid(oracle, {2, 2, 2}, {2, 2, 2}), device()));
+    const std::vector<std::vector<uint8_t>> masks{
+        {1, 0, 1, 1, 0, 1, 0, 0, 0, 1},  // member 4 emptied
+        {0, 0, 0, 0, 0, 0, 1, 1, 1, 0},  // only member 4 kept: the members after it end empty
+        {0, 0, 0, 0, 0, 0, 0, 0, 0, 1},  // only the last non-empty member
+        {1, 0, 0, 0, 0, 0, 0, 0, 0, 0},  // only the first voxel
+        std::vector<uint8_t>(10, 0)};
+    ASSERT_EQ(grid.num_voxels(), 10);
+    const MemberLists lists = member_lists(grid);
+    for (std::size_t k = 0; k < masks.size(); ++k) {
+        SCOPED_TRACE("mask " + std::to_string(k));
+        const DeviceArray<uint8_t> mask = on_device(masks[k]);
+        const GridBatch pruned = grid.pruned_grid(mask);
+        EXPECT_TRUE(grid_matches(pruned, oracle_pruned_grid(lists, masks[k]), device()));
+        EXPECT_EQ(pruned.batch_size(), static_cast<int64_t>(members.size()));
+    }
+}
+
 TEST_P(TopologyTest, BatchWithoutVoxels) {
     const std::vector<MemberTransform> transforms(3);
     const GridBatch grid = make_grid(MemberLists(3), transforms);
