@@ -67,6 +67,14 @@ private:
     int m_index = 0;
 };
 
+/// value / divisor (both non-negative, divisor > 0) in 32-bit arithmetic when both fit: a 64-bit
+/// division is a long instruction sequence on the GPU, and many kernels divide every thread's index.
+__device__ __forceinline__ int64_t divide(int64_t value, int64_t divisor) {
+    if (value <= UINT32_MAX && divisor <= UINT32_MAX)
+        return static_cast<uint32_t>(value) / static_cast<uint32_t>(divisor);
+    return value / divisor;
+}
+
 /// Device index of the member owning item n: the last m with offsets[m] <= n (binary search).
 __device__ __forceinline__ int64_t member_of(const int64_t* offsets, int64_t batch_size, int64_t n) {
     int64_t lo = 0, hi = batch_size;  // answer in [lo, hi)

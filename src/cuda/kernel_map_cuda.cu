@@ -3,7 +3,8 @@
 // and kept with it (with_lookup); with 128-bit keys, or SPARSEGRID_LOOKUP=search, by a binary search
 // over the grid's keys, which are sorted because the grid is in voxel order. Keys are unique, so both
 // give the same answers whatever the order of the table's inserts. Every map entry is computed by its own thread; the
-// symmetric stride-1 map (chosen by the front end) looks up half the taps and mirrors the rest.
+// symmetric stride-1 map (chosen by the front end) looks up half the taps and mirrors the rest (with
+// SPARSEGRID_SYMMETRIC_ROWS=1, over the hash table and for kernels of at most 27 taps, a thread per row and its taps).
 #include "backend/backend.h"
 #include "core/env.h"
 #include "core/geometry.h"
@@ -18,13 +19,6 @@
 namespace sparsegrid::detail::cuda {
 
 namespace {
-
-/// entry / divisor in 32-bit arithmetic when entry allows (64-bit division is a long instruction
-/// sequence on the GPU, and every map thread divides its index).
-__device__ __forceinline__ int64_t divide(int64_t entry, int32_t divisor) {
-    if (entry <= UINT32_MAX) return static_cast<uint32_t>(entry) / static_cast<uint32_t>(divisor);
-    return entry / divisor;
-}
 
 /// The voxels of one grid on the device, searchable by (member, coordinate): an open-addressing hash
 /// table with linear probing over 64-bit keys (capacity a power of two, at most half full), or a
@@ -240,6 +234,22 @@ __device__ __forceinline__ uint64_t moved_key(uint64_t key, const uint64_t axis_
     return key;
 }
 
+/// Fills taps[0, half) with each tap's offset (forward, or its opposite for the transposed direction:
+/// stride 1) and the offset spread onto a key's axis bits. Threads of the block share the work; the
+/// caller synchronises the block before reading.
+__device__ __forceinline__ void prepare_moved_taps(const ConvGeometry& g, bool forward, int32_t half,
+                                                   uint64_t coordinate, MovedTap* taps) {
+    for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
+        int32_t tap[3];
+        g.tap_of(t, tap);
+        for (int a = 0; a < 3; ++a) {
+            const int32_t offset = forward ? tap[a] - g.pad[a] : g.pad[a] - tap[a];
+            taps[t].offset[a] = offset;
+            taps[t].spread[a] = spread_bits3(static_cast<uint64_t>(offset) & coordinate) << (2 - a);
+        }
+    }
+}
+
 /// The symmetric map over 64-bit keys, with fewer instructions per entry (the kernel is bound by
 /// them, not by memory): a neighbour's key comes from the row's key (moved_key) instead of its member
 /// and coordinates, and the block prepares every tap's offsets once, in `taps` (half of the kernel
@@ -250,16 +260,7 @@ __global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const 
     const int32_t volume = g.kernel_volume();
     const int32_t half = volume / 2;
     const uint64_t coordinate = (uint64_t{1} << lookup.codec.coord_bits) - 1;
-    for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
-        int32_t tap[3];
-        g.tap_of(t, tap);
-        for (int a = 0; a < 3; ++a) {
-            // Stride 1: the transposed direction's offset is the opposite of the forward one.
-            const int32_t offset = forward ? tap[a] - g.pad[a] : g.pad[a] - tap[a];
-            taps[t].offset[a] = offset;
-            taps[t].spread[a] = spread_bits3(static_cast<uint64_t>(offset) & coordinate) << (2 - a);
-        }
-    }
+    prepare_moved_taps(g, forward, half, coordinate, taps);
     __syncthreads();
     const uint64_t axis_bits[3] = {spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1,
                                    spread_bits3(coordinate)};
@@ -277,6 +278,86 @@ __global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const 
     });
 }
 
+/// symmetric_map_rows_kernel takes kernels of at most 2 * kRowsMaxHalf + 1 taps (3 x 3 x 3 and every
+/// smaller odd shape), probing kRowsGroup taps at a time.
+constexpr int32_t kRowsMaxHalf = 13;
+constexpr int kRowsGroup = 5;
+
+/// The symmetric map over the hash table, one thread per row: the row's key and coordinates are read
+/// once for all its taps, and the taps go kRowsGroup at a time so that their probes overlap (each
+/// tap's first slot is read before any tap probes further, and the found slots' values after all
+/// probing). The same entries as symmetric_map_entries; the map must be filled with -1 beforehand.
+__global__ void __launch_bounds__(kThreads, 4)
+    symmetric_map_rows_kernel(DeviceLookup<uint64_t> lookup, const int32_t* ijk, int64_t rows, ConvGeometry g,
+                              bool forward, int32_t* map) {
+    __shared__ MovedTap taps[kRowsMaxHalf];
+    const int32_t volume = g.kernel_volume();
+    const int32_t half = volume / 2;
+    const uint64_t coordinate = (uint64_t{1} << lookup.codec.coord_bits) - 1;
+    prepare_moved_taps(g, forward, half, coordinate, taps);
+    __syncthreads();
+    const uint64_t axis_bits[3] = {spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1,
+                                   spread_bits3(coordinate)};
+    constexpr uint64_t kEmpty = ~uint64_t{0};
+    SG_GRID_STRIDE_LOOP(row, rows) {
+        const uint64_t key = lookup.keys[row];
+        const int32_t x[3] = {ijk[3 * row], ijk[3 * row + 1], ijk[3 * row + 2]};
+        int32_t* out = map + row * volume;
+        out[half] = static_cast<int32_t>(row);
+        for (int32_t first = 0; first < half; first += kRowsGroup) {
+            uint64_t wanted[kRowsGroup];
+            uint64_t slot[kRowsGroup];
+            uint64_t stored[kRowsGroup];
+            bool live[kRowsGroup];
+#pragma unroll
+            for (int i = 0; i < kRowsGroup; ++i) {
+                const int32_t t = first + i;
+                wanted[i] = 0;
+                slot[i] = 0;
+                live[i] = t < half;
+                if (!live[i]) continue;
+                const MovedTap& tap = taps[t];
+                for (int a = 0; a < 3; ++a) {
+                    const int64_t q = int64_t{x[a]} + tap.offset[a];
+                    live[i] = live[i] && q >= lookup.lo[a] && q <= lookup.hi[a];
+                }
+                wanted[i] = moved_key(key, axis_bits, tap.spread);
+                slot[i] = hash_slot(wanted[i], lookup.mask);
+            }
+#pragma unroll
+            for (int i = 0; i < kRowsGroup; ++i) stored[i] = live[i] ? lookup.slots[slot[i]] : wanted[i];
+#pragma unroll
+            for (int i = 0; i < kRowsGroup; ++i) {
+                while (live[i] && stored[i] != wanted[i]) {
+                    if (stored[i] == kEmpty) {
+                        live[i] = false;
+                        break;
+                    }
+                    slot[i] = (slot[i] + 1) & lookup.mask;
+                    stored[i] = lookup.slots[slot[i]];
+                }
+            }
+            int32_t found[kRowsGroup];
+#pragma unroll
+            for (int i = 0; i < kRowsGroup; ++i) found[i] = live[i] ? lookup.values[slot[i]] : -1;
+#pragma unroll
+            for (int i = 0; i < kRowsGroup; ++i) {
+                const int32_t t = first + i;
+                if (t >= half) continue;
+                out[t] = found[i];
+                if (found[i] >= 0) map[int64_t{found[i]} * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
+            }
+        }
+    }
+}
+
+/// The one-thread-per-row kernel with SPARSEGRID_SYMMETRIC_ROWS=1; by default the moved-key kernel, one
+/// thread per entry. The maps are the same.
+bool use_symmetric_rows() {
+    static const bool rows = env_switch("SPARSEGRID_SYMMETRIC_ROWS", false);
+    return rows;
+}
+
 /// flags[t * rows + r] = 1 for every edge (tap-major, so one scan numbers the edges per tap in
 /// increasing target order); flags[volume * rows] = 0 makes the scan end with the total.
 template <typename IndexT>
@@ -286,7 +367,7 @@ __global__ void tap_major_flags_kernel(const int32_t* map, int64_t rows, int32_t
             flags[i] = 0;
             continue;
         }
-        const int64_t t = i / rows;
+        const int64_t t = divide(i, rows);
         const int64_t r = i - t * rows;
         flags[i] = map[r * volume + t] >= 0;
     }
@@ -301,7 +382,7 @@ template <typename IndexT>
 __global__ void pairs_scatter_kernel(const int32_t* map, const IndexT* position, int64_t rows, int32_t volume,
                                      int32_t* source_index, int32_t* target_index) {
     SG_GRID_STRIDE_LOOP(i, rows * volume) {
-        const int64_t t = i / rows;
+        const int64_t t = divide(i, rows);
         const int64_t r = i - t * rows;
         const int32_t s = map[r * volume + t];
         if (s < 0) continue;
@@ -315,7 +396,7 @@ __global__ void transpose_map_kernel(const int32_t* map, int64_t rows, int32_t v
     SG_GRID_STRIDE_LOOP(i, rows * volume) {
         const int32_t s = map[i];
         if (s < 0) continue;
-        const int64_t r = i / volume;
+        const int64_t r = divide(i, volume);
         out[int64_t{s} * volume + (i - r * volume)] = static_cast<int32_t>(r);
     }
 }
@@ -429,6 +510,13 @@ Buffer<int32_t> CudaBackend::neighbour_map(const GridStorage& source, const Grid
             const int64_t work = target.num_voxels() * (g.kernel_volume() / 2 + 1);
             const size_t shared = static_cast<size_t>(g.kernel_volume() / 2) * sizeof(MovedTap);
             if constexpr (std::is_same_v<std::decay_t<decltype(lookup)>, DeviceLookup<uint64_t>>) {
+                if (lookup.values && !lookup.empty && g.kernel_volume() / 2 <= kRowsMaxHalf && use_symmetric_rows()) {
+                    symmetric_map_rows_kernel<<<blocks_for(target.num_voxels()), kThreads, 0, stream_of(ctx)>>>(
+                        lookup, target.topology.ijk.data(), target.num_voxels(), g, direction == MapDirection::Forward,
+                        map.data());
+                    SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
+                    return 0;
+                }
                 if (shared <= kMovedTapBytes) {
                     symmetric_map_moved_kernel<<<blocks_for(work), kThreads, shared, stream_of(ctx)>>>(
                         lookup, target.topology.ijk.data(), target.num_voxels(), g, direction == MapDirection::Forward,

@@ -75,7 +75,7 @@ struct ConvGridsInBitmaps {
 __global__ void conv_grids_candidates_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size,
                                              int64_t count, ConvGridsInBitmaps grids) {
     SG_GRID_STRIDE_LOOP(e, grids.count * count) {
-        const int64_t i = e / count;
+        const int64_t i = divide(e, count);
         const int64_t n = e - i * count;
         const int64_t member = member_of(offsets, batch_size, n);
         emit_conv_grid_candidates<uint64_t>(grids.g[i], grids.codec[i], member, ijk + 3 * n,
@@ -90,7 +90,7 @@ __global__ void conv_transpose_candidates_kernel(const int32_t* ijk, const int64
                                                  int64_t count, ConvGeometry g, KeyCodec codec, Sink sink) {
     const int32_t volume = g.kernel_volume();
     SG_GRID_STRIDE_LOOP(slot, count * volume) {
-        const int64_t n = slot / volume;
+        const int64_t n = divide(slot, volume);
         int32_t tap[3];
         g.tap_of(static_cast<int32_t>(slot - n * volume), tap);
         sink.put(slot,
@@ -147,30 +147,35 @@ __global__ void scale_offsets_kernel(const int64_t* in, int64_t entries, int64_t
     SG_GRID_STRIDE_LOOP(m, entries) { out[m] = in[m] * factor; }
 }
 
-/// starts[n] = 1 when voxel n begins a new parent under coarsening by 2^p (first of its member, or a
-/// parent different from the previous voxel's); starts[count] = 0 so the scan yields the total.
+/// 1 when voxel n begins a new parent under coarsening by 2^p (first of its member, or a parent
+/// different from the previous voxel's), 0 otherwise and at n = count, so that the scan of these flags
+/// ends with the total.
 template <typename IndexT>
-__global__ void coarsen_starts_kernel(const int32_t* ijk, const int64_t* offsets, int64_t batch_size, int64_t count,
-                                      int32_t log2_factor, IndexT* starts) {
-    SG_GRID_STRIDE_LOOP(n, count + 1) {
-        if (n == count) {
-            starts[n] = 0;
-            continue;
-        }
+struct CoarsenStart {
+    const int32_t* ijk;
+    const int64_t* offsets;
+    int64_t batch_size;
+    int64_t count;
+    int32_t log2_factor;
+
+    __device__ IndexT operator()(int64_t n) const {
+        if (n == count) return 0;
         const int64_t member = member_of(offsets, batch_size, n);
         bool start = n == offsets[member];
         for (int a = 0; a < 3 && !start; ++a)
             start = (ijk[3 * n + a] >> log2_factor) != (ijk[3 * n - 3 + a] >> log2_factor);
-        starts[n] = start;
+        return start;
     }
-}
+};
 
+/// Voxel n begins a parent exactly when the scan steps after it.
 template <typename IndexT>
-__global__ void coarsen_scatter_kernel(const int32_t* ijk, const IndexT* starts, const IndexT* position, int64_t count,
-                                       int32_t log2_factor, int32_t* out) {
+__global__ void coarsen_scatter_kernel(const int32_t* ijk, const IndexT* position, int64_t count, int32_t log2_factor,
+                                       int32_t* out) {
     SG_GRID_STRIDE_LOOP(n, count) {
-        if (!starts[n]) continue;
-        for (int a = 0; a < 3; ++a) out[3 * static_cast<int64_t>(position[n]) + a] = ijk[3 * n + a] >> log2_factor;
+        const IndexT at = position[n];
+        if (position[n + 1] == at) continue;
+        for (int a = 0; a < 3; ++a) out[3 * static_cast<int64_t>(at) + a] = ijk[3 * n + a] >> log2_factor;
     }
 }
 
@@ -222,32 +227,27 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor, cons
 }
 
 /// Coarsening by 2^p of a grid in voxel order: parents are non-decreasing, so a scan of "new parent"
-/// flags places them. One sync (offsets).
+/// flags places them (scan_flag_function). One sync (offsets).
 template <typename IndexT>
 GridTopology coarsen_sorted_impl(const GridStorage& grid, int32_t log2_factor, const CoordBox& out_box) {
     const Context& ctx = grid.context;
     const cudaStream_t stream = stream_of(ctx);
     const int64_t n = grid.num_voxels();
     const int64_t batch_size = grid.batch_size();
-    Buffer<IndexT> starts = Buffer<IndexT>::allocate(n + 1, ctx);
     Buffer<IndexT> position = Buffer<IndexT>::allocate(n + 1, ctx);
-    coarsen_starts_kernel<<<blocks_for(n + 1), kThreads, 0, stream>>>(
-        grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), batch_size, n, log2_factor, starts.data());
-    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    exclusive_scan(starts.data(), position.data(), n + 1, ctx);
     GridTopology topology;
     topology.offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
-    gather_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(
-        position.data(), grid.topology.offsets_buffer.data(), batch_size + 1, topology.offsets_buffer.data());
-    SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    scan_flag_function(
+        CoarsenStart<IndexT>{grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), batch_size, n, log2_factor},
+        position.data(), n, grid.topology.offsets_buffer.data(), batch_size, topology.offsets_buffer.data(), ctx);
     Readback readback(ctx);
     const size_t slot = readback.enqueue(topology.offsets_buffer.data(), batch_size + 1);
     readback.wait();
     topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
     topology.ijk = Buffer<int32_t>::allocate(3 * topology.offsets.back(), ctx);
     if (n > 0) {
-        coarsen_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-            grid.topology.ijk.data(), starts.data(), position.data(), n, log2_factor, topology.ijk.data());
+        coarsen_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), position.data(), n,
+                                                                       log2_factor, topology.ijk.data());
         SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     }
     topology.box = out_box;
