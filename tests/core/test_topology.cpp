@@ -606,6 +606,35 @@ TEST_P(TopologyTest, CompactionsKeepEmptyMembersAtEveryPosition) {
     }
 }
 
+/// The same over 300 members, two thirds of them empty (runs of them included, at both ends), so that
+/// finding the members that start at a voxel searches a long offset table.
+TEST_P(TopologyTest, CompactionsOfManyMembersMostlyEmpty) {
+    Rng rng(20261206);
+    MemberLists members(300);
+    for (std::size_t m = 0; m < members.size(); ++m) {
+        if (m < 7 || m + 9 >= members.size() || uniform_int(rng, 0, 2) != 0) continue;  // empty
+        const int64_t count = uniform_int(rng, 1, 12);
+        for (int64_t i = 0; i < count; ++i)
+            members[m].push_back({static_cast<int32_t>(uniform_int(rng, -20, 20)),
+                                  static_cast<int32_t>(uniform_int(rng, -20, 20)),
+                                  static_cast<int32_t>(uniform_int(rng, -20, 20))});
+    }
+    const GridBatch grid = make_grid(members, std::vector<MemberTransform>(members.size()));
+    const OracleBatch oracle = oracle_from_lists(members);
+    for (int32_t factor : {2, 8}) {
+        SCOPED_TRACE("factor " + std::to_string(factor));
+        EXPECT_TRUE(grid_matches(grid.coarsened_grid(factor), oracle_coarsened_grid(oracle, {factor, factor, factor}),
+                                 device()));
+    }
+    const MemberLists lists = member_lists(grid);
+    for (double keep : {0.0, 0.1, 0.5, 1.0}) {
+        SCOPED_TRACE("keep " + std::to_string(keep));
+        const std::vector<uint8_t> mask = random_mask(rng, grid.num_voxels(), keep);
+        const DeviceArray<uint8_t> device_mask = on_device(mask);
+        EXPECT_TRUE(grid_matches(grid.pruned_grid(device_mask), oracle_pruned_grid(lists, mask), device()));
+    }
+}
+
 TEST_P(TopologyTest, BatchWithoutVoxels) {
     const std::vector<MemberTransform> transforms(3);
     const GridBatch grid = make_grid(MemberLists(3), transforms);
