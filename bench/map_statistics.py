@@ -7,8 +7,9 @@ For blocks of BM consecutive rows in a given row order it prints
   the tensor-core work of an output-stationary kernel that skips absent taps block by block which is
   not multiplication by zero rows;
 - the active taps per block;
-- the unique source rows per block against its edges: how many input rows a block would load if it
-  loaded each source row once (a "halo" in shared memory) instead of once per edge.
+- the unique source rows per block (mean, 95th percentile and largest) against its edges: how many input
+  rows a block would load if it loaded each source row once (a "halo" in shared memory) instead of once
+  per edge; a halo's shared memory must hold the largest.
 
 Row orders: voxel order (lexicographic keys), sorted by tap set (the plans' row order), the tap-set sort
 within superblocks of S voxel-order rows, and the tap sets in reflected Gray code order.
@@ -58,15 +59,20 @@ def neighbour_map(ijk, member):
 
 
 def statistics(neighbours, masks, perm, block):
+    """Tap efficiency, and per block the mean active taps, the mean, 95th percentile and largest
+    number of unique source rows (a halo must hold the largest), and the mean edges."""
     edges = int((neighbours >= 0).sum())
-    active_total = unique_total = blocks = 0
+    active_total = blocks = 0
+    unique = []
     for start in range(0, len(perm), block):
         rows = perm[start:start + block]
         active_total += bin(int(np.bitwise_or.reduce(masks[rows]))).count("1")
         sources = neighbours[rows].ravel()
-        unique_total += len(np.unique(sources[sources >= 0]))
+        unique.append(len(np.unique(sources[sources >= 0])))
         blocks += 1
-    return (edges / (active_total * block), active_total / blocks, unique_total / blocks, edges / blocks)
+    unique = np.array(unique)
+    return (edges / (active_total * block), active_total / blocks, unique.mean(), np.percentile(unique, 95),
+            unique.max(), edges / blocks)
 
 
 def main():
@@ -93,11 +99,12 @@ def main():
                                for start in range(0, rows, superblock)])
         orders.append((f"sorted within {superblock} rows", perm))
     print(f"{'order':28} {'BM':>4} {'tap efficiency':>15} {'active taps':>12} {'unique sources':>15} "
-          f"{'edges':>7}")
+          f"{'p95':>5} {'max':>5} {'edges':>7}")
     for name, perm in orders:
         for block in (64, 128, 256):
-            efficiency, active, unique, edges = statistics(neighbours, masks, perm, block)
-            print(f"{name:28} {block:>4} {efficiency:>15.3f} {active:>12.1f} {unique:>15.0f} {edges:>7.0f}")
+            efficiency, active, unique, p95, largest, edges = statistics(neighbours, masks, perm, block)
+            print(f"{name:28} {block:>4} {efficiency:>15.3f} {active:>12.1f} {unique:>15.0f} {p95:>5.0f} "
+                  f"{largest:>5} {edges:>7.0f}")
 
 
 if __name__ == "__main__":
