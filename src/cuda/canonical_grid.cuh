@@ -166,9 +166,9 @@ GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64
 
 // ---- order-preserving compaction ----------------------------------------------------------------------
 
-/// Exclusive scan of `flags` (count + 1 entries, the last 0) into `position`.
-template <typename IndexT>
-void exclusive_scan(const IndexT* flags, IndexT* position, int64_t entries, const Context& ctx) {
+/// Exclusive scan of `flags` (a pointer or an iterator; count + 1 entries, the last 0) into `position`.
+template <typename FlagIterator, typename IndexT>
+void exclusive_scan(FlagIterator flags, IndexT* position, int64_t entries, const Context& ctx) {
     cub_call(ctx, [&](void* temp, size_t& bytes) {
         return cub::DeviceScan::ExclusiveSum(temp, bytes, flags, position, entries, stream_of(ctx));
     });
@@ -228,9 +228,7 @@ void scan_positions_and_offsets(FlagIterator flags, IndexT* position, int64_t co
         });
         return;
     }
-    cub_call(ctx, [&](void* temp, size_t& bytes) {
-        return cub::DeviceScan::ExclusiveSum(temp, bytes, flags, position, count + 1, stream);
-    });
+    exclusive_scan(flags, position, count + 1, ctx);
     gather_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(position, in_offsets, batch_size + 1,
                                                                                out_offsets);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);

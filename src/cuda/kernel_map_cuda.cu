@@ -234,12 +234,18 @@ __device__ __forceinline__ uint64_t moved_key(uint64_t key, const uint64_t axis_
     return key;
 }
 
-/// Fills taps[0, half) with each tap's offset (forward, or its opposite for the transposed direction:
-/// stride 1) and the offset spread onto a key's axis bits. Threads of the block share the work; the
-/// caller synchronises the block before reading.
-__device__ __forceinline__ void prepare_moved_taps(const ConvGeometry& g, bool forward, int32_t half,
-                                                   uint64_t coordinate, MovedTap* taps) {
-    for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
+/// The key bits of each axis (spread_bits3 of the coordinate mask, shifted to the axis).
+struct MovedAxes {
+    uint64_t bits[3];
+};
+
+/// Fills taps[0, volume / 2) with each tap's offset (forward, or its opposite for the transposed
+/// direction: stride 1) and the offset spread onto a key's axis bits, the block's threads sharing the
+/// work, and synchronises the block; returns the axis bits for moved_key.
+__device__ __forceinline__ MovedAxes prepare_moved_taps(const KeyCodec& codec, const ConvGeometry& g, bool forward,
+                                                        MovedTap* taps) {
+    const uint64_t coordinate = (uint64_t{1} << codec.coord_bits) - 1;
+    for (int32_t t = threadIdx.x; t < g.kernel_volume() / 2; t += blockDim.x) {
         int32_t tap[3];
         g.tap_of(t, tap);
         for (int a = 0; a < 3; ++a) {
@@ -248,6 +254,8 @@ __device__ __forceinline__ void prepare_moved_taps(const ConvGeometry& g, bool f
             taps[t].spread[a] = spread_bits3(static_cast<uint64_t>(offset) & coordinate) << (2 - a);
         }
     }
+    __syncthreads();
+    return {{spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1, spread_bits3(coordinate)}};
 }
 
 /// The symmetric map over 64-bit keys, with fewer instructions per entry (the kernel is bound by
@@ -258,12 +266,7 @@ __global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const 
                                            ConvGeometry g, bool forward, int32_t* map) {
     extern __shared__ MovedTap taps[];
     const int32_t volume = g.kernel_volume();
-    const int32_t half = volume / 2;
-    const uint64_t coordinate = (uint64_t{1} << lookup.codec.coord_bits) - 1;
-    prepare_moved_taps(g, forward, half, coordinate, taps);
-    __syncthreads();
-    const uint64_t axis_bits[3] = {spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1,
-                                   spread_bits3(coordinate)};
+    const MovedAxes axes = prepare_moved_taps(lookup.codec, g, forward, taps);
     const int32_t morton_bits = lookup.codec.morton_bits();
     symmetric_map_entries(rows, volume, map, [&](int64_t row, int32_t t) -> int64_t {
         const MovedTap& tap = taps[t];
@@ -273,7 +276,7 @@ __global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const 
             inside = inside && q >= lookup.lo[a] && q <= lookup.hi[a];
         }
         if (!inside) return -1;
-        const uint64_t key = moved_key(lookup.keys[row], axis_bits, tap.spread);
+        const uint64_t key = moved_key(lookup.keys[row], axes.bits, tap.spread);
         return lookup.find_key(static_cast<int64_t>(key >> morton_bits), key);
     });
 }
@@ -293,11 +296,7 @@ __global__ void __launch_bounds__(kThreads, 4)
     __shared__ MovedTap taps[kRowsMaxHalf];
     const int32_t volume = g.kernel_volume();
     const int32_t half = volume / 2;
-    const uint64_t coordinate = (uint64_t{1} << lookup.codec.coord_bits) - 1;
-    prepare_moved_taps(g, forward, half, coordinate, taps);
-    __syncthreads();
-    const uint64_t axis_bits[3] = {spread_bits3(coordinate) << 2, spread_bits3(coordinate) << 1,
-                                   spread_bits3(coordinate)};
+    const MovedAxes axes = prepare_moved_taps(lookup.codec, g, forward, taps);
     constexpr uint64_t kEmpty = ~uint64_t{0};
     SG_GRID_STRIDE_LOOP(row, rows) {
         const uint64_t key = lookup.keys[row];
@@ -321,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 4)
                     const int64_t q = int64_t{x[a]} + tap.offset[a];
                     live[i] = live[i] && q >= lookup.lo[a] && q <= lookup.hi[a];
                 }
-                wanted[i] = moved_key(key, axis_bits, tap.spread);
+                wanted[i] = moved_key(key, axes.bits, tap.spread);
                 slot[i] = hash_slot(wanted[i], lookup.mask);
             }
 #pragma unroll
