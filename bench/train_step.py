@@ -79,6 +79,9 @@ def parse_args(argv=None):
     parser.add_argument("--kl-weight", type=float, default=1e-3)
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--norm", choices=("torch", "fused"), default="torch",
+                        help="batch norm and ELU as torch's modules, or fused in sparsegrid.nn.BatchNorm "
+                             "(as examples/vae.py)")
     parser.add_argument("--autocast", choices=("bfloat16", "float16"), default=None,
                         help="the forward pass and loss inside torch.autocast on CUDA in this dtype (the "
                              "convolutions run in it; parameters, gradients and Adam stay float32; float16 "
@@ -346,7 +349,8 @@ def main(argv=None):
     else:
         name = f"CPU, {torch.get_num_threads()} torch threads"
     print(f"VAE training step on {device.type} ({name}), torch {torch.__version__}: resolution {args.resolution}, "
-          f"{source}; channels {args.channels}, latent {args.latent}; {precision(args)}; warm-up {args.warmup}, "
+          f"{source}; channels {args.channels}, latent {args.latent}; {precision(args)}; norm {args.norm}; "
+          f"warm-up {args.warmup}, "
           f"medians of {args.iterations} plain and {args.iterations} timed steps", flush=True)
     rows = []
     for batch in args.batch:
@@ -359,7 +363,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"device": device.type, "device_name": name, "torch": torch.__version__,
                        "resolution": args.resolution, "input": source, "channels": args.channels,
-                       "precision": precision(args),
+                       "precision": precision(args), "norm": args.norm,
                        "latent": args.latent, "warmup": args.warmup, "iterations": args.iterations,
                        "profile_iterations": args.profile_iterations, "rows": rows}, f, indent=2)
         print(f"wrote {args.json}")

@@ -1,6 +1,7 @@
 // Umbrella header of the sparsegrid core.
 #pragma once
 
+#include <sparsegrid/batch_norm.h>
 #include <sparsegrid/buffer.h>
 #include <sparsegrid/context.h>
 #include <sparsegrid/convolution.h>

@@ -31,6 +31,7 @@ __all__ = [
     "SparseAvgPool3d",
     "GlobalPool",
     "Features",
+    "BatchNorm",
 ]
 
 
@@ -243,3 +244,129 @@ class Features(nn.Module):
 
     def forward(self, x):
         return x.replace(self.module(x.features))
+
+
+_ACTIVATIONS = {None: 0, "identity": 0, "relu": 1, "leaky_relu": 2, "elu": 3, "silu": 4}
+# The parameter each activation takes and its default (torch.nn's): LeakyReLU's negative slope, ELU's alpha.
+_ACTIVATION_PARAMETERS = {"leaky_relu": 0.01, "elu": 1.0}
+
+
+class _BatchNorm(torch.autograd.Function):
+    """torch.ops.sparsegrid.batch_norm_forward with its backward pass, which recomputes the activation's
+    input from the saved features and statistics (nothing else is kept)."""
+
+    @staticmethod
+    def forward(ctx, features, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum,
+                cumulative, eps, activation, parameter):
+        out, mean, invstd = torch.ops.sparsegrid.batch_norm_forward(
+            features, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, cumulative,
+            eps, activation, parameter)
+        ctx.save_for_backward(features, weight, bias, mean, invstd)
+        ctx.config = (training, activation, parameter)
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        features, weight, bias, mean, invstd = ctx.saved_tensors
+        training, activation, parameter = ctx.config
+        needs = ctx.needs_input_grad
+        grad_features, grad_weight, grad_bias = torch.ops.sparsegrid.batch_norm_backward(
+            grad_output, features, weight, bias, mean, invstd, training, activation, parameter, needs[0],
+            needs[1] and weight is not None, needs[2] and bias is not None)
+        return (grad_features, grad_weight, grad_bias) + (None,) * 9
+
+
+@_compile.eager
+def _batch_norm(features, weight, bias, *config):
+    """The layer's call: with autograd where a gradient can be asked for, else the operator directly."""
+    if torch.is_grad_enabled() and (features.requires_grad or (weight is not None and weight.requires_grad)
+                                    or (bias is not None and bias.requires_grad)):
+        return _BatchNorm.apply(features, weight, bias, *config)
+    return torch.ops.sparsegrid.batch_norm_forward(features, weight, bias, *config)[0]
+
+
+class BatchNorm(nn.Module):
+    """Batch normalization of the features over all voxels of the batch, as torch.nn.BatchNorm1d on
+    features [N, C], fused with an optional activation ("relu", "leaky_relu", "elu", "silu"; None for
+    none): one call of three kernels where BatchNorm1d followed by an activation module takes two modules,
+    their dispatches and a counter update each step. Its backward pass recomputes the activation's input
+    instead of keeping the normalized features. Parameters, buffers and their names are those of
+    torch.nn.BatchNorm1d, so state dicts load either way. `activation_parameter` is LeakyReLU's negative
+    slope (0.01) or ELU's alpha (1.0).
+
+    Takes a SparseFeatures (returns one on the same grid) or a [N, C] tensor. The statistics are float32
+    (float64 for float64 features); float16 and bfloat16 features (CUDA) are normalized in float32 and
+    rounded once, so under autocast the layer takes the convolutions' 16-bit output with its float32
+    parameters. Sums run in an order fixed by N: bitwise reproducible, CPU and CUDA equal within rounding.
+    No host synchronisation, also with momentum=None (the cumulative average reads the counter on the
+    device)."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 activation=None, activation_parameter=None):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"BatchNorm: activation must be one of None, 'relu', 'leaky_relu', 'elu', 'silu', "
+                             f"got {activation!r}")
+        self.num_features = num_features
+        self.eps = eps
+        self.momentum = momentum
+        self.affine = affine
+        self.track_running_stats = track_running_stats
+        self.activation = activation
+        if activation_parameter is None:
+            activation_parameter = _ACTIVATION_PARAMETERS.get(activation, 0.0)
+        elif activation not in _ACTIVATION_PARAMETERS:
+            raise ValueError(f"BatchNorm: activation {activation!r} takes no activation_parameter")
+        self.activation_parameter = float(activation_parameter)
+        if affine:
+            self.weight = nn.Parameter(torch.ones(num_features))
+            self.bias = nn.Parameter(torch.zeros(num_features))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", torch.zeros(num_features))
+            self.register_buffer("running_var", torch.ones(num_features))
+            self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self._code = _ACTIVATIONS[activation]
+
+    def reset_running_stats(self):
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    def reset_parameters(self):
+        self.reset_running_stats()
+        if self.affine:
+            nn.init.ones_(self.weight)
+            nn.init.zeros_(self.bias)
+
+    def forward(self, x):
+        features = x.features if isinstance(x, SparseFeatures) else x
+        if features.dim() != 2 or features.shape[1] != self.num_features:
+            raise ValueError(f"BatchNorm: expected features [N, {self.num_features}], got {tuple(features.shape)}")
+        # As torch's batch norm: batch statistics in training, and always without running statistics.
+        training = self.training or self.running_mean is None
+        update = self.training and self.running_mean is not None
+        running_mean = self.running_mean if update or not training else None
+        running_var = self.running_var if update or not training else None
+        counter = self.num_batches_tracked if update else None
+        momentum = 0.0 if self.momentum is None else self.momentum
+        out = _batch_norm(features, self.weight, self.bias, running_mean, running_var, counter, training, momentum,
+                          self.momentum is None, self.eps, self._code, self.activation_parameter)
+        return x.replace(out) if isinstance(x, SparseFeatures) else out
+
+    def extra_repr(self):
+        text = (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
+        if self.activation is not None:
+            text += f", activation={self.activation!r}"
+            if self.activation in _ACTIVATION_PARAMETERS:
+                text += f", activation_parameter={self.activation_parameter}"
+        return text

@@ -9,6 +9,7 @@
 // failures) are prefixed with the user's operation by the dispatch.
 #pragma once
 
+#include <sparsegrid/batch_norm.h>
 #include <sparsegrid/buffer.h>
 #include <sparsegrid/types.h>
 
@@ -169,7 +170,11 @@ struct MapWeightGradient {
     /* automatic choice) or "off" (the tiled kernels instead of the engine). */                                    \
     X(void, force_engine_configuration, const std::string& name)                                                   \
     /* Tuning of the engine's configuration per shape, and the file of recorded choices ("": none). */            \
-    X(void, set_engine_tuning, bool enabled, const std::string& file)
+    X(void, set_engine_tuning, bool enabled, const std::string& file)                                              \
+    /* ---- feature normalization ---- */                                                                          \
+    /* Sums in the order of core/batch_norm_math.h; the front end checked shapes, dtypes and pointers. */        \
+    X(void, batch_norm_forward, const BatchNormForward& args, const Context& ctx)                                  \
+    X(void, batch_norm_backward, const BatchNormBackward& args, const Context& ctx)
 
 // clang-format on
 

@@ -5,7 +5,9 @@
 // the core (torch_runtime.h says how devices, streams and memory are handled).
 //
 // Files: torch_runtime.* (devices, streams, allocators, argument checks), grid_binding.* (GridBatch),
-// plan_binding.* (ConvolutionPlan, sparse_conv), this file (the small free functions, registration).
+// plan_binding.* (ConvolutionPlan, sparse_conv), batch_norm_binding.* (batch norm), this file (the small
+// free functions, registration).
+#include "batch_norm_binding.h"
 #include "grid_binding.h"
 #include "plan_binding.h"
 #include "torch_runtime.h"
@@ -65,6 +67,8 @@ std::tuple<torch::Tensor, torch::Tensor> load_mesh(std::string path) {
 TORCH_LIBRARY(sparsegrid, m) {
     m.def("synthetic_surface_batch", &synthetic_surface_batch);
     m.def("load_mesh", &load_mesh);
+    m.def("batch_norm_forward", &batch_norm_forward);
+    m.def("batch_norm_backward", &batch_norm_backward);
 
     m.class_<GridBatchHolder>("GridBatch")
         .def_static("from_ijk", &GridBatchHolder::from_ijk)

@@ -1,0 +1,105 @@
+// The arithmetic of batch normalization with a fused activation, shared by the CPU and CUDA backends so
+// that both sum in the same order: the rows are cut into chunks whose size depends on the row count
+// alone, each chunk is reduced row by row, and the chunks are combined in index order (Chan's pairwise
+// update for the mean and the sum of squared deviations). The activations and their derivatives are
+// those of torch.nn (ReLU, LeakyReLU, ELU, SiLU), taken at the pre-activation z.
+#pragma once
+
+#include "core/keys.h"
+
+#include <sparsegrid/batch_norm.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace sparsegrid::detail {
+
+/// At most this many chunks per channel: the combining pass reads chunks x channels partial results.
+constexpr int64_t kNormMaxChunks = 1024;
+/// Chunks hold at least this many rows (a small input is one chunk per 64 rows).
+constexpr int64_t kNormMinChunkRows = 64;
+
+/// Rows per chunk for `rows` rows (> 0): a function of the row count alone, so that the sums are the
+/// same on every device and thread count.
+SG_HD int64_t norm_chunk_rows(int64_t rows) {
+    const int64_t even = (rows + kNormMaxChunks - 1) / kNormMaxChunks;
+    return even > kNormMinChunkRows ? even : kNormMinChunkRows;
+}
+
+SG_HD int64_t norm_chunks(int64_t rows) {
+    const int64_t chunk = norm_chunk_rows(rows);
+    return (rows + chunk - 1) / chunk;
+}
+
+/// Running mean and sum of squared deviations of `count` values (Welford). An aggregate without member
+/// initializers, so that CUDA shared memory can hold it: start from Moments<Acc>{} (all zero).
+template <typename Acc>
+struct Moments {
+    Acc count;
+    Acc mean;
+    Acc m2;
+
+    SG_HD void add(Acc value) {
+        count += Acc(1);
+        const Acc delta = value - mean;
+        mean += delta / count;
+        m2 += delta * (value - mean);
+    }
+
+    /// Appends the values of `other` (Chan et al.): this one's values come first.
+    SG_HD void combine(const Moments& other) {
+        if (other.count == Acc(0)) return;
+        if (count == Acc(0)) {
+            *this = other;
+            return;
+        }
+        const Acc total = count + other.count;
+        const Acc delta = other.mean - mean;
+        const Acc share = other.count / total;
+        mean += delta * share;
+        m2 += other.m2 + delta * delta * count * share;
+        count = total;
+    }
+};
+
+SG_HD float norm_exp(float value) { return expf(value); }
+SG_HD double norm_exp(double value) { return exp(value); }
+
+template <typename Acc>
+SG_HD Acc activation_value(Activation activation, Acc z, Acc parameter) {
+    switch (activation) {
+    case Activation::ReLU:
+        return z > Acc(0) ? z : Acc(0);
+    case Activation::LeakyReLU:
+        return z > Acc(0) ? z : z * parameter;
+    case Activation::ELU:
+        return z > Acc(0) ? z : parameter * (norm_exp(z) - Acc(1));
+    case Activation::SiLU:
+        return z / (Acc(1) + norm_exp(-z));
+    case Activation::Identity:
+        break;
+    }
+    return z;
+}
+
+/// d activation / dz at z (ReLU's and LeakyReLU's derivative at 0 as torch takes it: that of z < 0).
+template <typename Acc>
+SG_HD Acc activation_derivative(Activation activation, Acc z, Acc parameter) {
+    switch (activation) {
+    case Activation::ReLU:
+        return z > Acc(0) ? Acc(1) : Acc(0);
+    case Activation::LeakyReLU:
+        return z > Acc(0) ? Acc(1) : parameter;
+    case Activation::ELU:
+        return z > Acc(0) ? Acc(1) : parameter * norm_exp(z);
+    case Activation::SiLU: {
+        const Acc s = Acc(1) / (Acc(1) + norm_exp(-z));
+        return s * (Acc(1) + z * (Acc(1) - s));
+    }
+    case Activation::Identity:
+        break;
+    }
+    return Acc(1);
+}
+
+}  // namespace sparsegrid::detail
