@@ -6,8 +6,9 @@
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
 # Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
-#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train wide vae completion baseline
-#   (default: all but huge, engine, passes, profile, wheel, wide, completion and baseline, in that order; wide times the training step at
+#   PHASE: build test python huge memcheck bench conv engine passes profile wheel train norm wide vae completion baseline
+#   (default: all but huge, engine, passes, profile, wheel, norm, wide, completion and baseline, in that order; norm
+#   compares the step with sparsegrid.nn.BatchNorm and with torch's batch norm; wide times the training step at
 #   published shape-VAE widths in float32, TF32 and bfloat16 autocast; huge runs the grids past 2^31 map entries; profile runs Nsight Compute on the engine's kernels; wheel builds, installs and runs the pip wheel; engine sweeps the tensor-core configurations, passes
 #   times each convolution pass at 16/32/48 members and C = 32..256 in every dtype, baseline compares
 #   with another tree, see below). The
@@ -301,6 +302,23 @@ if want train && [ $have_layer = 1 ]; then
   step "train step" "${pyenv[@]}" bash -c "python3 '$root/bench/train_step.py' --device cuda \
     --batch ${SPARSEGRID_TRAIN_BATCH:-16 32 48} --host-profile '$out/host_profile' \
     --json '$out/train_step.json' | tee '$out/train_step.md'"
+fi
+if want norm && [ $have_layer = 1 ]; then
+  # sparsegrid.nn.BatchNorm on CUDA: its tests, then the batch-16 step with torch's batch norm and ELU
+  # against the fused layer (--norm fused), alternately, SPARSEGRID_NORM_ROUNDS rounds (2), in float32
+  # at the default widths and in bfloat16 autocast at 32/64/128/256.
+  step "batch norm tests" "${pyenv[@]}" SPARSEGRID_REQUIRE_CUDA=1 SPARSEGRID_CUDA_DEBUG=1 python3 -m pytest -q \
+    -p no:cacheprovider "$root/tests/python/test_batch_norm.py"
+  for round in $(seq "${SPARSEGRID_NORM_ROUNDS:-2}"); do
+    for config in "float32::" "bfloat16:--autocast bfloat16:--channels 32 64 128 256"; do
+      IFS=: read -r precision autocast channels <<<"$config"
+      for norm in torch fused; do
+        step "train step b16 $precision norm=$norm round $round" "${pyenv[@]}" bash -c "python3 \
+          '$root/bench/train_step.py' --device cuda --batch 16 --warmup 20 --iterations 10 $autocast $channels \
+          --norm $norm --json '$out/norm_${precision}_${norm}_$round.json' | tail -3"
+      done
+    done
+  done
 fi
 if want wide && [ $have_layer = 1 ]; then
   # The training step at the widths of published shape VAEs: channels 32/64/128/256 at resolution 64,
