@@ -251,39 +251,11 @@ _ACTIVATIONS = {None: 0, "identity": 0, "relu": 1, "leaky_relu": 2, "elu": 3, "s
 _ACTIVATION_PARAMETERS = {"leaky_relu": 0.01, "elu": 1.0}
 
 
-class _BatchNorm(torch.autograd.Function):
-    """torch.ops.sparsegrid.batch_norm_forward with its backward pass, which recomputes the activation's
-    input from the saved features and statistics (nothing else is kept)."""
-
-    @staticmethod
-    def forward(ctx, features, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum,
-                cumulative, eps, activation, parameter):
-        out, mean, invstd = torch.ops.sparsegrid.batch_norm_forward(
-            features, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, cumulative,
-            eps, activation, parameter)
-        ctx.save_for_backward(features, weight, bias, mean, invstd)
-        ctx.config = (training, activation, parameter)
-        return out
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
-        features, weight, bias, mean, invstd = ctx.saved_tensors
-        training, activation, parameter = ctx.config
-        needs = ctx.needs_input_grad
-        grad_features, grad_weight, grad_bias = torch.ops.sparsegrid.batch_norm_backward(
-            grad_output, features, weight, bias, mean, invstd, training, activation, parameter, needs[0],
-            needs[1] and weight is not None, needs[2] and bias is not None)
-        return (grad_features, grad_weight, grad_bias) + (None,) * 9
-
-
 @_compile.eager
-def _batch_norm(features, weight, bias, *config):
-    """The layer's call: with autograd where a gradient can be asked for, else the operator directly."""
-    if torch.is_grad_enabled() and (features.requires_grad or (weight is not None and weight.requires_grad)
-                                    or (bias is not None and bias.requires_grad)):
-        return _BatchNorm.apply(features, weight, bias, *config)
-    return torch.ops.sparsegrid.batch_norm_forward(features, weight, bias, *config)[0]
+def _batch_norm(*args):
+    """The layer's call: torch.ops.sparsegrid.batch_norm, whose autograd is in C++ (a Python
+    autograd.Function would cost more host time per call than the kernels it queues)."""
+    return torch.ops.sparsegrid.batch_norm(*args)
 
 
 class BatchNorm(nn.Module):

@@ -7,6 +7,7 @@
 #include <sparsegrid/batch_norm.h>
 
 #include <string>
+#include <type_traits>
 
 namespace sparsegrid_torch {
 
@@ -143,6 +144,81 @@ std::tuple<torch::Tensor, torch::Tensor, torch::Tensor> batch_norm_backward(
     const c10::OptionalDeviceGuard guard(x.device());
     sparsegrid::batch_norm_backward(args, ctx);
     return {grad_input, grad_weight, grad_bias};
+}
+
+namespace {
+
+/// batch_norm_forward with its backward pass, for input alone (Affine false) or input, weight and bias
+/// (Affine true): autograd's inputs must be defined tensors, so layers without affine parameters take
+/// the first form. The running statistics and the counter are state, not inputs.
+template <bool Affine>
+class BatchNormFunction : public torch::autograd::Function<BatchNormFunction<Affine>> {
+public:
+    using Parameters = std::conditional_t<Affine, torch::Tensor, c10::optional<torch::Tensor>>;
+
+    static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor input, Parameters weight,
+                                 Parameters bias, c10::optional<torch::Tensor> running_mean,
+                                 c10::optional<torch::Tensor> running_var,
+                                 c10::optional<torch::Tensor> num_batches_tracked, bool training, double momentum,
+                                 bool cumulative_average, double eps, int64_t activation, double activation_parameter) {
+        auto [output, save_mean, save_invstd] = batch_norm_forward(
+            input, weight, bias, running_mean, running_var, num_batches_tracked, training, momentum, cumulative_average,
+            eps, activation, activation_parameter);
+        if constexpr (Affine)
+            ctx->save_for_backward({input, save_mean, save_invstd, weight, bias});
+        else
+            ctx->save_for_backward({input, save_mean, save_invstd});
+        ctx->saved_data["training"] = training;
+        ctx->saved_data["activation"] = activation;
+        ctx->saved_data["activation_parameter"] = activation_parameter;
+        return output;
+    }
+
+    static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::tensor_list grads) {
+        torch::autograd::tensor_list result(12);
+        if (!grads[0].defined()) return result;
+        const auto saved = ctx->get_saved_variables();
+        c10::optional<torch::Tensor> weight, bias;
+        if constexpr (Affine) {
+            weight = saved[3];
+            bias = saved[4];
+        }
+        auto [grad_input, grad_weight, grad_bias] = batch_norm_backward(
+            grads[0], saved[0], weight, bias, saved[1], saved[2], ctx->saved_data["training"].toBool(),
+            ctx->saved_data["activation"].toInt(), ctx->saved_data["activation_parameter"].toDouble(),
+            ctx->needs_input_grad(0), Affine && ctx->needs_input_grad(1), Affine && ctx->needs_input_grad(2));
+        result[0] = grad_input;
+        result[1] = grad_weight;
+        result[2] = grad_bias;
+        return result;
+    }
+};
+
+bool requires_grad(const c10::optional<torch::Tensor>& t) { return t && t->defined() && t->requires_grad(); }
+
+}  // namespace
+
+torch::Tensor batch_norm(torch::Tensor input, c10::optional<torch::Tensor> weight, c10::optional<torch::Tensor> bias,
+                         c10::optional<torch::Tensor> running_mean, c10::optional<torch::Tensor> running_var,
+                         c10::optional<torch::Tensor> num_batches_tracked, bool training, double momentum,
+                         bool cumulative_average, double eps, int64_t activation, double activation_parameter) {
+    if (!at::GradMode::is_enabled() || !(input.requires_grad() || requires_grad(weight) || requires_grad(bias)))
+        return std::get<0>(batch_norm_forward(input, weight, bias, running_mean, running_var, num_batches_tracked,
+                                              training, momentum, cumulative_average, eps, activation,
+                                              activation_parameter));
+    const bool has_weight = weight && weight->defined(), has_bias = bias && bias->defined();
+    if (has_weight != has_bias)
+        fail(
+            "batch_norm: weight and bias must both be given or both be None (batch_norm_forward takes either "
+            "alone)");
+    if (has_weight)
+        return BatchNormFunction<true>::apply(input, *weight, *bias, running_mean, running_var, num_batches_tracked,
+                                              training, momentum, cumulative_average, eps, activation,
+                                              activation_parameter);
+    return BatchNormFunction<false>::apply(input, c10::nullopt, c10::nullopt, running_mean, running_var,
+                                           num_batches_tracked, training, momentum, cumulative_average, eps, activation,
+                                           activation_parameter);
 }
 
 }  // namespace sparsegrid_torch

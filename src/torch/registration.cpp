@@ -67,6 +67,7 @@ std::tuple<torch::Tensor, torch::Tensor> load_mesh(std::string path) {
 TORCH_LIBRARY(sparsegrid, m) {
     m.def("synthetic_surface_batch", &synthetic_surface_batch);
     m.def("load_mesh", &load_mesh);
+    m.def("batch_norm", &batch_norm);
     m.def("batch_norm_forward", &batch_norm_forward);
     m.def("batch_norm_backward", &batch_norm_backward);
 
