@@ -206,3 +206,30 @@ def test_a_decoder_level_after_its_prune_is_captured_and_replays_bitwise(cuda_de
                  for n, p in module.named_parameters()]
         assert_capture_replays_eager(level, inputs, named, side)
     torch.cuda.current_stream().wait_stream(side)
+
+
+def test_batch_norm_is_captured_and_replays_bitwise(cuda_device):
+    # sparsegrid.nn.BatchNorm between two convolutions, training: its statistics, running statistics and
+    # counter (momentum=None: the cumulative average reads the counter on the device) are all in the graph.
+    torch.manual_seed(17)
+    conv = snn.SparseConv3d(3, 16, 3).to(cuda_device)
+    norm = snn.BatchNorm(16, activation="elu", momentum=None).to(cuda_device)
+    head = snn.SparseConv3d(16, 8, 3).to(cuda_device)
+    named = [(f"{name}.{key}", p) for name, module in (("conv", conv), ("norm", norm), ("head", head))
+             for key, p in module.named_parameters()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        grid = grid_on(cuda_device, 3105)
+        inputs = [torch.randn(grid.num_voxels, 3, device=cuda_device) for _ in range(3)]
+        probe = torch.randn(grid.num_voxels, 8, device=cuda_device)
+
+        def step(features):
+            out = head(norm(conv(snn.SparseFeatures(grid, features)))).features
+            (out * probe).sum().backward()
+            return out
+
+        assert_capture_replays_eager(step, inputs, named, side)
+        # Two warm-up and three eager steps, then three replays (the capture itself runs nothing).
+        assert norm.num_batches_tracked.item() == 8
+    torch.cuda.current_stream().wait_stream(side)
