@@ -149,22 +149,16 @@ __device__ Item combine_chunks(const Item* partial, int64_t chunks, int64_t chan
     return shared[0];
 }
 
-/// save_mean / save_invstd of each channel (a block per channel), and in training the running
+/// save_mean / save_invstd of each channel (a block per channel) from the batch, and the running
 /// statistics' update. The counter is read here and incremented by the elementwise pass, after every
 /// block of this one has read it.
 template <typename A>
-__global__ void statistics_kernel(const Moments<A>* __restrict__ partial, int64_t chunks, int64_t channels,
-                                  bool training, A eps, A momentum, bool cumulative_average,
-                                  const int64_t* __restrict__ num_batches_tracked, A* __restrict__ running_mean,
-                                  A* __restrict__ running_var, A* __restrict__ save_mean, A* __restrict__ save_invstd) {
+__global__ void batch_statistics_kernel(const Moments<A>* __restrict__ partial, int64_t chunks, int64_t channels, A eps,
+                                        A momentum, bool cumulative_average,
+                                        const int64_t* __restrict__ num_batches_tracked, A* __restrict__ running_mean,
+                                        A* __restrict__ running_var, A* __restrict__ save_mean,
+                                        A* __restrict__ save_invstd) {
     const int64_t c = blockIdx.x;
-    if (!training) {
-        if (threadIdx.x == 0) {
-            save_mean[c] = running_mean[c];
-            save_invstd[c] = A(1) / sqrt(running_var[c] + eps);
-        }
-        return;
-    }
     const Moments<A> total = combine_chunks(partial, chunks, channels, c, Moments<A>{},
                                             [](Moments<A>& into, const Moments<A>& next) { into.combine(next); });
     if (threadIdx.x != 0) return;
@@ -175,6 +169,17 @@ __global__ void statistics_kernel(const Moments<A>* __restrict__ partial, int64_
         if (cumulative_average) factor = A(1) / static_cast<A>(*num_batches_tracked + 1);
         running_mean[c] = (A(1) - factor) * running_mean[c] + factor * total.mean;
         running_var[c] = (A(1) - factor) * running_var[c] + factor * (total.m2 / (total.count - A(1)));
+    }
+}
+
+/// Evaluation: save_mean / save_invstd from the running statistics, a thread per channel.
+template <typename A>
+__global__ void running_statistics_kernel(int64_t channels, A eps, const A* __restrict__ running_mean,
+                                          const A* __restrict__ running_var, A* __restrict__ save_mean,
+                                          A* __restrict__ save_invstd) {
+    SG_GRID_STRIDE_LOOP(c, channels) {
+        save_mean[c] = running_mean[c];
+        save_invstd[c] = A(1) / sqrt(running_var[c] + eps);
     }
 }
 
@@ -254,10 +259,15 @@ void forward_typed(const BatchNormForward& a, const Context& ctx) {
     }
     A* save_mean = static_cast<A*>(a.save_mean);
     A* save_invstd = static_cast<A*>(a.save_invstd);
-    statistics_kernel<A><<<static_cast<unsigned>(a.channels), kCombineThreads, 0, stream>>>(
-        partial.data(), chunks, a.channels, a.training, static_cast<A>(a.eps), static_cast<A>(a.momentum),
-        a.cumulative_average, a.num_batches_tracked, static_cast<A*>(a.running_mean), static_cast<A*>(a.running_var),
-        save_mean, save_invstd);
+    if (a.training)
+        batch_statistics_kernel<A><<<static_cast<unsigned>(a.channels), kCombineThreads, 0, stream>>>(
+            partial.data(), chunks, a.channels, static_cast<A>(a.eps), static_cast<A>(a.momentum), a.cumulative_average,
+            a.num_batches_tracked, static_cast<A*>(a.running_mean), static_cast<A*>(a.running_var), save_mean,
+            save_invstd);
+    else
+        running_statistics_kernel<A><<<blocks_for(a.channels), kThreads, 0, stream>>>(
+            a.channels, static_cast<A>(a.eps), static_cast<const A*>(a.running_mean),
+            static_cast<const A*>(a.running_var), save_mean, save_invstd);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
     normalize_kernel<T, A><<<blocks_for(a.rows * a.channels), kThreads, 0, stream>>>(
         static_cast<const T*>(a.input), static_cast<T*>(a.output), a.rows, a.channels, save_mean, save_invstd,
