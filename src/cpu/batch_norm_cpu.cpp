@@ -1,6 +1,8 @@
 // The CPU backend's batch normalization: the chunks of core/batch_norm_math.h reduced in parallel (one
-// chunk per task, rows in order inside it), combined in chunk order, then the rows normalized in
-// parallel. Float32 features sum in float32 like the CUDA backend; results do not depend on the threads.
+// chunk per task: its sums, then its squared deviations from its own mean, channels innermost so the
+// loops vectorize), combined in chunk order, then the rows normalized in parallel with the activation
+// chosen at compile time. Float32 features sum in float32 like the CUDA backend; results do not depend
+// on the threads.
 #include "backend/backend.h"
 #include "core/batch_norm_math.h"
 
@@ -9,32 +11,63 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace sparsegrid::detail {
 
 namespace {
 
-/// Per-channel partial results of every chunk, [chunks x channels], combined into `total` in chunk order.
+/// Below this many entries the loops run on one thread.
+constexpr int64_t kParallelEntries = int64_t{1} << 16;
+
+/// fn(begin_row, end_row, out) for every chunk (out: its `channels` partial results), chunks in parallel.
 template <typename Item, typename Reduce>
-std::vector<Item> reduce_chunks(int64_t rows, int64_t channels, Reduce&& reduce_row) {
+std::vector<Item> reduce_chunks(int64_t rows, int64_t channels, Reduce&& reduce) {
     const int64_t chunk_rows = norm_chunk_rows(rows), chunks = norm_chunks(rows);
     std::vector<Item> partial(static_cast<size_t>(chunks * channels));
-#pragma omp parallel for schedule(static) if (rows * channels >= (int64_t{1} << 16))
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-        Item* out = partial.data() + chunk * channels;
-        const int64_t end = std::min(rows, (chunk + 1) * chunk_rows);
-        for (int64_t r = chunk * chunk_rows; r < end; ++r) reduce_row(r, out);
-    }
+#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk)
+        reduce(chunk * chunk_rows, std::min(rows, (chunk + 1) * chunk_rows), partial.data() + chunk * channels);
     return partial;
+}
+
+/// Calls fn with the activation as a compile-time constant, so that the per-entry loops have no switch.
+template <typename Fn>
+void with_activation(Activation activation, Fn&& fn) {
+    switch (activation) {
+    case Activation::Identity:
+        return fn(std::integral_constant<Activation, Activation::Identity>{});
+    case Activation::ReLU:
+        return fn(std::integral_constant<Activation, Activation::ReLU>{});
+    case Activation::LeakyReLU:
+        return fn(std::integral_constant<Activation, Activation::LeakyReLU>{});
+    case Activation::ELU:
+        return fn(std::integral_constant<Activation, Activation::ELU>{});
+    case Activation::SiLU:
+        return fn(std::integral_constant<Activation, Activation::SiLU>{});
+    }
+}
+
+/// Per channel: the scale invstd * weight and the bias of z = (x - mean) * scale + bias.
+template <typename T>
+struct Affine {
+    std::vector<T> scale, shift;
+};
+
+template <typename T>
+Affine<T> affine_of(int64_t channels, const T* invstd, const T* weight, const T* bias) {
+    Affine<T> a{std::vector<T>(static_cast<size_t>(channels)), std::vector<T>(static_cast<size_t>(channels))};
+    for (int64_t c = 0; c < channels; ++c) {
+        a.scale[c] = weight != nullptr ? invstd[c] * weight[c] : invstd[c];
+        a.shift[c] = bias != nullptr ? bias[c] : T(0);
+    }
+    return a;
 }
 
 template <typename T>
 void forward_typed(const BatchNormForward& a) {
     const T* x = static_cast<const T*>(a.input);
-    T* y = static_cast<T*>(a.output);
-    const T* weight = static_cast<const T*>(a.weight);
-    const T* bias = static_cast<const T*>(a.bias);
     T* running_mean = static_cast<T*>(a.running_mean);
     T* running_var = static_cast<T*>(a.running_var);
     T* save_mean = static_cast<T*>(a.save_mean);
@@ -42,11 +75,20 @@ void forward_typed(const BatchNormForward& a) {
     const int64_t rows = a.rows, channels = a.channels;
     const T eps = static_cast<T>(a.eps);
     if (a.training) {
-        const std::vector<Moments<T>> partial = reduce_chunks<Moments<T>>(rows, channels,
-                                                                          [&](int64_t r, Moments<T>* out) {
-                                                                              for (int64_t c = 0; c < channels; ++c)
-                                                                                  out[c].add(x[r * channels + c]);
-                                                                          });
+        const std::vector<Moments<T>> partial = reduce_chunks<Moments<T>>(
+            rows, channels, [&](int64_t begin, int64_t end, Moments<T>* out) {
+                std::vector<T> sum(static_cast<size_t>(channels), T(0)), m2(static_cast<size_t>(channels), T(0));
+                for (int64_t r = begin; r < end; ++r)
+                    for (int64_t c = 0; c < channels; ++c) sum[c] += x[r * channels + c];
+                const T count = static_cast<T>(end - begin);
+                for (int64_t c = 0; c < channels; ++c) sum[c] /= count;  // the chunk's mean
+                for (int64_t r = begin; r < end; ++r)
+                    for (int64_t c = 0; c < channels; ++c) {
+                        const T d = x[r * channels + c] - sum[c];
+                        m2[c] += d * d;
+                    }
+                for (int64_t c = 0; c < channels; ++c) out[c] = Moments<T>{count, sum[c], m2[c]};
+            });
         const int64_t chunks = norm_chunks(rows);
         // torch's factor for momentum=None: 1 / the batches counted with this one.
         T factor = static_cast<T>(a.momentum);
@@ -70,15 +112,18 @@ void forward_typed(const BatchNormForward& a) {
             save_invstd[c] = T(1) / std::sqrt(running_var[c] + eps);
         }
     }
-    const Activation activation = a.activation;
+    const Affine<T> affine = affine_of(channels, save_invstd, static_cast<const T*>(a.weight),
+                                       static_cast<const T*>(a.bias));
+    T* y = static_cast<T*>(a.output);
     const T parameter = static_cast<T>(a.activation_parameter);
-#pragma omp parallel for schedule(static) if (rows * channels >= (int64_t{1} << 16))
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < channels; ++c) {
-            const T scale = weight != nullptr ? save_invstd[c] * weight[c] : save_invstd[c];
-            const T z = (x[r * channels + c] - save_mean[c]) * scale + (bias != nullptr ? bias[c] : T(0));
-            y[r * channels + c] = activation_value(activation, z, parameter);
-        }
+    with_activation(a.activation, [&](auto activation) {
+#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < channels; ++c) {
+                const T z = (x[r * channels + c] - save_mean[c]) * affine.scale[c] + affine.shift[c];
+                y[r * channels + c] = activation_value(activation.value, z, parameter);
+            }
+    });
 }
 
 /// Per channel: the sum of g and of g * xhat, g = grad_output * activation'(z).
@@ -93,31 +138,33 @@ void backward_typed(const BatchNormBackward& a) {
     const T* dy = static_cast<const T*>(a.grad_output);
     const T* x = static_cast<const T*>(a.input);
     const T* weight = static_cast<const T*>(a.weight);
-    const T* bias = static_cast<const T*>(a.bias);
     const T* mean = static_cast<const T*>(a.save_mean);
     const T* invstd = static_cast<const T*>(a.save_invstd);
     const int64_t rows = a.rows, channels = a.channels;
-    const Activation activation = a.activation;
     const T parameter = static_cast<T>(a.activation_parameter);
-    const auto w = [&](int64_t c) { return weight != nullptr ? weight[c] : T(1); };
-    // xhat and g of one entry: the forward pass's arithmetic again.
-    const auto entry = [&](int64_t r, int64_t c, T& xhat) {
-        xhat = (x[r * channels + c] - mean[c]) * invstd[c];
-        const T z = (x[r * channels + c] - mean[c]) * (invstd[c] * w(c)) + (bias != nullptr ? bias[c] : T(0));
-        return dy[r * channels + c] * activation_derivative(activation, z, parameter);
-    };
+    const Affine<T> affine = affine_of(channels, invstd, weight, static_cast<const T*>(a.bias));
+    // g = grad_output * activation'(z) of every entry, kept for the input gradient.
+    std::vector<T> g(static_cast<size_t>(rows * channels));
+    with_activation(a.activation, [&](auto activation) {
+#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+        for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < channels; ++c) {
+                const T z = (x[r * channels + c] - mean[c]) * affine.scale[c] + affine.shift[c];
+                g[r * channels + c] = dy[r * channels + c] * activation_derivative(activation.value, z, parameter);
+            }
+    });
     const bool sums_needed = a.grad_weight != nullptr || a.grad_bias != nullptr || (a.training && a.grad_input);
     std::vector<GradSums<T>> sums(static_cast<size_t>(channels));
     if (sums_needed && rows > 0) {
-        const std::vector<GradSums<T>> partial = reduce_chunks<GradSums<T>>(rows, channels,
-                                                                            [&](int64_t r, GradSums<T>* out) {
-                                                                                for (int64_t c = 0; c < channels; ++c) {
-                                                                                    T xhat;
-                                                                                    const T g = entry(r, c, xhat);
-                                                                                    out[c].g += g;
-                                                                                    out[c].gx += g * xhat;
-                                                                                }
-                                                                            });
+        const std::vector<GradSums<T>> partial = reduce_chunks<GradSums<T>>(
+            rows, channels, [&](int64_t begin, int64_t end, GradSums<T>* out) {
+                for (int64_t r = begin; r < end; ++r)
+                    for (int64_t c = 0; c < channels; ++c) {
+                        const T entry = g[r * channels + c];
+                        out[c].g += entry;
+                        out[c].gx += entry * ((x[r * channels + c] - mean[c]) * invstd[c]);
+                    }
+            });
         const int64_t chunks = norm_chunks(rows);
         for (int64_t c = 0; c < channels; ++c)
             for (int64_t chunk = 0; chunk < chunks; ++chunk) {
@@ -132,15 +179,17 @@ void backward_typed(const BatchNormBackward& a) {
     if (a.grad_input == nullptr) return;
     T* dx = static_cast<T*>(a.grad_input);
     const T inverse_rows = rows > 0 ? T(1) / static_cast<T>(rows) : T(0);
-#pragma omp parallel for schedule(static) if (rows * channels >= (int64_t{1} << 16))
+    std::vector<T> mean_g(static_cast<size_t>(channels), T(0)), mean_gx(static_cast<size_t>(channels), T(0));
+    if (a.training)
+        for (int64_t c = 0; c < channels; ++c) {
+            mean_g[c] = sums[c].g * inverse_rows;
+            mean_gx[c] = sums[c].gx * inverse_rows;
+        }
+#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < channels; ++c) {
-            T xhat;
-            const T g = entry(r, c, xhat);
-            const T scale = invstd[c] * w(c);
-            dx[r * channels + c] = a.training
-                ? scale * (g - sums[c].g * inverse_rows - xhat * (sums[c].gx * inverse_rows))
-                : scale * g;
+            const T xhat = (x[r * channels + c] - mean[c]) * invstd[c];
+            dx[r * channels + c] = affine.scale[c] * (g[r * channels + c] - mean_g[c] - xhat * mean_gx[c]);
         }
 }
 
