@@ -1,8 +1,9 @@
-// The arithmetic of batch normalization with a fused activation, shared by the CPU and CUDA backends so
-// that both sum in the same order: the rows are cut into chunks whose size depends on the row count
-// alone, each chunk is reduced row by row, and the chunks are combined in index order (Chan's pairwise
-// update for the mean and the sum of squared deviations). The activations and their derivatives are
-// those of torch.nn (ReLU, LeakyReLU, ELU, SiLU), taken at the pre-activation z.
+// The arithmetic of batch normalization with a fused activation, shared by the CPU and CUDA backends: the
+// rows are cut into chunks whose size depends on the row count alone, each chunk is reduced on its own,
+// and the chunks' results are combined (Chan's pairwise update for the mean and the sum of squared
+// deviations) in an order fixed by their count: chunk order on the CPU, a fixed tree on CUDA. So neither
+// backend's sums depend on threads or blocks; the two agree within rounding. The activations and their
+// derivatives are those of torch.nn (ReLU, LeakyReLU, ELU, SiLU), taken at the pre-activation z.
 #pragma once
 
 #include "core/keys.h"

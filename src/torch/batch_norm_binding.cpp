@@ -1,5 +1,5 @@
-// torch.ops.sparsegrid.batch_norm_forward / batch_norm_backward (batch_norm_binding.h): tensor checks,
-// then the core's batch_norm_forward / batch_norm_backward on PyTorch's current stream.
+// torch.ops.sparsegrid.batch_norm, batch_norm_forward and batch_norm_backward (batch_norm_binding.h):
+// tensor checks, then the core's batch_norm_forward / batch_norm_backward on PyTorch's current stream.
 #include "batch_norm_binding.h"
 
 #include "torch_runtime.h"
