@@ -15,8 +15,8 @@
 // Determinism: every sum runs in an order fixed by the row count (core/batch_norm_math.h), so results
 // are bitwise reproducible on a device; the CPU and CUDA agree within the dtype's rounding.
 //
-// Cost on CUDA: three launches forward and three backward, no host synchronisation, a scratch buffer
-// of (chunks x channels) partial sums from the context's allocator.
+// Cost on CUDA: three launches forward (two in evaluation) and at most three backward, no host
+// synchronisation, a scratch buffer of (chunks x channels) partial sums from the context's allocator.
 #pragma once
 
 #include <sparsegrid/context.h>
@@ -31,7 +31,7 @@ enum class Activation : int8_t { Identity = 0, ReLU = 1, LeakyReLU = 2, ELU = 3,
 
 struct BatchNormForward {
     const void* input = nullptr;  ///< [rows, channels], row-major, `dtype`
-    void* output = nullptr;       ///< [rows, channels], `dtype`; may be `input` (in place)
+    void* output = nullptr;       ///< [rows, channels], `dtype`, not overlapping `input`
     int64_t rows = 0;
     int64_t channels = 0;
     DType dtype = DType::Float32;
