@@ -66,17 +66,28 @@ struct Moments {
 SG_HD float norm_exp(float value) { return expf(value); }
 SG_HD double norm_exp(double value) { return exp(value); }
 
-template <typename Acc>
-SG_HD Acc activation_value(Activation activation, Acc z, Acc parameter) {
+/// The exponential the activations use by default (the CPU backend passes a vectorizable one).
+struct NormExp {
+    template <typename Acc>
+    SG_HD Acc operator()(Acc value) const {
+        return norm_exp(value);
+    }
+};
+
+template <typename Acc, typename Exp = NormExp>
+SG_HD Acc activation_value(Activation activation, Acc z, Acc parameter, Exp exp_of = {}) {
     switch (activation) {
     case Activation::ReLU:
         return z > Acc(0) ? z : Acc(0);
     case Activation::LeakyReLU:
         return z > Acc(0) ? z : z * parameter;
-    case Activation::ELU:
-        return z > Acc(0) ? z : parameter * (norm_exp(z) - Acc(1));
+    case Activation::ELU: {
+        // exp(min(z, 0)) for every z, then a select: no branch, so the CPU's loops vectorize.
+        const Acc e = exp_of(z < Acc(0) ? z : Acc(0));
+        return z > Acc(0) ? z : parameter * (e - Acc(1));
+    }
     case Activation::SiLU:
-        return z / (Acc(1) + norm_exp(-z));
+        return z / (Acc(1) + exp_of(-z));
     case Activation::Identity:
         break;
     }
@@ -84,17 +95,19 @@ SG_HD Acc activation_value(Activation activation, Acc z, Acc parameter) {
 }
 
 /// d activation / dz at z (ReLU's and LeakyReLU's derivative at 0 as torch takes it: that of z < 0).
-template <typename Acc>
-SG_HD Acc activation_derivative(Activation activation, Acc z, Acc parameter) {
+template <typename Acc, typename Exp = NormExp>
+SG_HD Acc activation_derivative(Activation activation, Acc z, Acc parameter, Exp exp_of = {}) {
     switch (activation) {
     case Activation::ReLU:
         return z > Acc(0) ? Acc(1) : Acc(0);
     case Activation::LeakyReLU:
         return z > Acc(0) ? Acc(1) : parameter;
-    case Activation::ELU:
-        return z > Acc(0) ? Acc(1) : parameter * norm_exp(z);
+    case Activation::ELU: {
+        const Acc e = exp_of(z < Acc(0) ? z : Acc(0));
+        return z > Acc(0) ? Acc(1) : parameter * e;
+    }
     case Activation::SiLU: {
-        const Acc s = Acc(1) / (Acc(1) + norm_exp(-z));
+        const Acc s = Acc(1) / (Acc(1) + exp_of(-z));
         return s * (Acc(1) + z * (Acc(1) - s));
     }
     case Activation::Identity:
