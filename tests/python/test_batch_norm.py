@@ -153,13 +153,20 @@ def test_cuda_matches_cpu(dtype, activation):
     for training in (True, False):
         ours.train(training)
         on_cuda.train(training)
+        start = {name: value.clone() for name, value in on_cuda.state_dict().items()}
         want, got = run(ours, x, grad), run(on_cuda, x.to(device), grad.to(device))
         for a, b in zip((want[0], want[1], *want[2]), (got[0], got[1], *got[2])):
             torch.testing.assert_close(b.cpu(), a, rtol=tolerance, atol=tolerance * max(1.0, a.abs().max().item()))
         torch.testing.assert_close(on_cuda.running_var.cpu(), ours.running_var, rtol=tolerance, atol=tolerance)
         assert on_cuda.num_batches_tracked.item() == ours.num_batches_tracked.item()
+        # The same step again from the same state: bitwise the same (and the same state after it).
+        got = [got[0], got[1], [g.clone() for g in got[2]]]
+        on_cuda.load_state_dict(start)
+        for p in on_cuda.parameters():
+            p.grad = None
         again = run(on_cuda, x.to(device), grad.to(device))
-        assert torch.equal(again[0], got[0]) and torch.equal(again[1], got[1])  # bitwise reproducible
+        assert torch.equal(again[0], got[0]) and torch.equal(again[1], got[1])
+        assert all(torch.equal(a, b) for a, b in zip(again[2], got[2]))
         for p in list(ours.parameters()) + list(on_cuda.parameters()):
             p.grad = None
 
