@@ -13,7 +13,6 @@ Usage: bench/norm_bench.py [--device cuda] [--rows 150605 525272] [--channels 8 
 import argparse
 import json
 import pathlib
-import statistics
 import sys
 import time
 
@@ -24,25 +23,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from sparsegrid import nn as snn  # noqa: E402
 
-
-def timed(fn, device, repeats, warmup):
-    """Median milliseconds of fn()."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            times.append(start.elapsed_time(stop))
-        else:
-            begin = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin) * 1e3)
-    return statistics.median(times)
+from conv_bench import timer  # noqa: E402  (median ms: CUDA events after warm-up, wall time on the CPU)
 
 
 def host_us(fn, device, calls=200):
@@ -78,6 +59,7 @@ def main():
               "torch host us | ours host us | ratio |")
     print(header)
     print("|" + "---:|" * 3 + "---:|" * 9)
+    timed = timer(device)
     rows_out = []
     for rows in args.rows:
         for channels in args.channels:
@@ -93,9 +75,9 @@ def main():
                     torch_layer, ours = torch_layer.double(), ours.double()
                 result = {"rows": rows, "channels": channels, "dtype": dtype_name}
                 for label, layer in (("torch", torch_layer), ("ours", ours)):
-                    result[f"{label}_forward_ms"] = timed(lambda: layer(x), device, args.repeats, args.warmup)
-                    result[f"{label}_forward_backward_ms"] = timed(lambda: layer(x).backward(grad), device,
-                                                                   args.repeats, args.warmup)
+                    result[f"{label}_forward_ms"] = timed(lambda: layer(x), args.repeats, args.warmup)
+                    result[f"{label}_forward_backward_ms"] = timed(lambda: layer(x).backward(grad), args.repeats,
+                                                                   args.warmup)
                     result[f"{label}_host_us"] = host_us(lambda: layer(x), device)
                 rows_out.append(result)
                 cells = [rows, channels, dtype_name]

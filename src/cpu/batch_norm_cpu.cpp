@@ -5,6 +5,7 @@
 // on the threads.
 #include "backend/backend.h"
 #include "core/batch_norm_math.h"
+#include "cpu/parallel.h"
 
 #include <omp.h>
 
@@ -19,15 +20,12 @@ namespace sparsegrid::detail {
 
 namespace {
 
-/// Below this many entries the loops run on one thread.
-constexpr int64_t kParallelEntries = int64_t{1} << 16;
-
 /// fn(begin_row, end_row, out) for every chunk (out: its `channels` partial results), chunks in parallel.
 template <typename Item, typename Reduce>
 std::vector<Item> reduce_chunks(int64_t rows, int64_t channels, Reduce&& reduce) {
     const int64_t chunk_rows = norm_chunk_rows(rows), chunks = norm_chunks(rows);
     std::vector<Item> partial(static_cast<size_t>(chunks * channels));
-#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+#pragma omp parallel for schedule(static) if (rows * channels >= cpu::kSerialThreshold)
     for (int64_t chunk = 0; chunk < chunks; ++chunk)
         reduce(chunk * chunk_rows, std::min(rows, (chunk + 1) * chunk_rows), partial.data() + chunk * channels);
     return partial;
@@ -146,7 +144,7 @@ void forward_typed(const BatchNormForward& a) {
     T* y = static_cast<T*>(a.output);
     const T parameter = static_cast<T>(a.activation_parameter);
     with_activation(a.activation, [&](auto activation) {
-#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+#pragma omp parallel for schedule(static) if (rows * channels >= cpu::kSerialThreshold)
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < channels; ++c) {
                 const T z = (x[r * channels + c] - save_mean[c]) * affine.scale[c] + affine.shift[c];
@@ -175,7 +173,7 @@ void backward_typed(const BatchNormBackward& a) {
     // g = grad_output * activation'(z) of every entry, kept for the input gradient.
     std::vector<T> g(static_cast<size_t>(rows * channels));
     with_activation(a.activation, [&](auto activation) {
-#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+#pragma omp parallel for schedule(static) if (rows * channels >= cpu::kSerialThreshold)
         for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < channels; ++c) {
                 const T z = (x[r * channels + c] - mean[c]) * affine.scale[c] + affine.shift[c];
@@ -215,7 +213,7 @@ void backward_typed(const BatchNormBackward& a) {
             mean_g[c] = sums[c].g * inverse_rows;
             mean_gx[c] = sums[c].gx * inverse_rows;
         }
-#pragma omp parallel for schedule(static) if (rows * channels >= kParallelEntries)
+#pragma omp parallel for schedule(static) if (rows * channels >= cpu::kSerialThreshold)
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < channels; ++c) {
             const T xhat = (x[r * channels + c] - mean[c]) * invstd[c];

@@ -4,6 +4,7 @@
 // Every sum's order is fixed by the row count (core/batch_norm_math.h): bitwise reproducible, no atomics.
 #include "backend/backend.h"
 #include "core/batch_norm_math.h"
+#include "cuda/conv_tiles.cuh"
 #include "cuda/cuda_common.cuh"
 
 #include <cuda_bf16.h>
@@ -20,39 +21,6 @@ constexpr int kNormChannels = 32;
 constexpr int kNormRowLanes = 8;
 /// Threads of a combining block (one channel).
 constexpr int kCombineThreads = 256;
-
-template <typename T>
-struct Accumulator {
-    using Type = float;
-};
-template <>
-struct Accumulator<double> {
-    using Type = double;
-};
-
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_acc(float v);
-template <>
-__device__ __forceinline__ float from_acc<float>(float v) {
-    return v;
-}
-template <>
-__device__ __forceinline__ __half from_acc<__half>(float v) {
-    return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
-    return __float2bfloat16_rn(v);
-}
-template <typename T>
-__device__ __forceinline__ T from_acc(double v) {
-    return v;
-}
 
 /// The per-channel values every entry needs, read once per thread.
 template <typename A>
@@ -80,7 +48,7 @@ __global__ void moments_kernel(const T* __restrict__ x, int64_t rows, int64_t ch
     const int64_t end = rows < start + chunk_rows ? rows : start + chunk_rows;
     Moments<A> moments{};
     if (c < channels)
-        for (int64_t r = start + threadIdx.y; r < end; r += kNormRowLanes) moments.add(to_acc(x[r * channels + c]));
+        for (int64_t r = start + threadIdx.y; r < end; r += kNormRowLanes) moments.add(to_acc<A>(x[r * channels + c]));
     lanes[threadIdx.y][threadIdx.x] = moments;
     __syncthreads();
     if (threadIdx.y == 0 && c < channels) {
@@ -109,10 +77,10 @@ __global__ void grad_sums_kernel(const T* __restrict__ dy, const T* __restrict__
     if (c < channels) {
         const ChannelParameters<A> p = channel_parameters(mean, invstd, weight, bias, c);
         for (int64_t r = start + threadIdx.y; r < end; r += kNormRowLanes) {
-            const A centred = to_acc(x[r * channels + c]) - p.mean;
+            const A centred = to_acc<A>(x[r * channels + c]) - p.mean;
             const A xhat = centred * p.invstd;
             const A z = centred * (p.invstd * p.weight) + p.bias;
-            const A g = to_acc(dy[r * channels + c]) * activation_derivative(activation, z, parameter);
+            const A g = to_acc<A>(dy[r * channels + c]) * activation_derivative(activation, z, parameter);
             sums.g += g;
             sums.gx += g * xhat;
         }
@@ -193,8 +161,8 @@ __global__ void normalize_kernel(const T* __restrict__ x, T* __restrict__ y, int
     SG_GRID_STRIDE_LOOP(i, entries) {
         const int64_t r = divide(i, channels), c = i - r * channels;
         const ChannelParameters<A> p = channel_parameters(mean, invstd, weight, bias, c);
-        const A z = (to_acc(x[i]) - p.mean) * (p.invstd * p.weight) + p.bias;
-        y[i] = from_acc<T>(activation_value(activation, z, parameter));
+        const A z = (to_acc<A>(x[i]) - p.mean) * (p.invstd * p.weight) + p.bias;
+        y[i] = from_acc<T, A>(activation_value(activation, z, parameter));
     }
 }
 
@@ -226,12 +194,12 @@ __global__ void grad_input_kernel(const T* __restrict__ dy, const T* __restrict_
     SG_GRID_STRIDE_LOOP(i, entries) {
         const int64_t r = divide(i, channels), c = i - r * channels;
         const ChannelParameters<A> p = channel_parameters(mean, invstd, weight, bias, c);
-        const A centred = to_acc(x[i]) - p.mean;
+        const A centred = to_acc<A>(x[i]) - p.mean;
         const A scale = p.invstd * p.weight;
-        const A g = to_acc(dy[i]) * activation_derivative(activation, centred * scale + p.bias, parameter);
+        const A g = to_acc<A>(dy[i]) * activation_derivative(activation, centred * scale + p.bias, parameter);
         const A result = means != nullptr ? scale * (g - means[c] - centred * p.invstd * means[channels + c])
                                           : scale * g;
-        dx[i] = from_acc<T>(result);
+        dx[i] = from_acc<T, A>(result);
     }
 }
 
@@ -247,7 +215,7 @@ void check_channels(int64_t channels) {
 
 template <typename T>
 void forward_typed(const BatchNormForward& a, const Context& ctx) {
-    using A = typename Accumulator<T>::Type;
+    using A = typename AccumulatorOf<T>::type;
     check_channels(a.channels);
     const cudaStream_t stream = stream_of(ctx);
     const int64_t chunks = a.training ? norm_chunks(a.rows) : 0;
@@ -278,7 +246,7 @@ void forward_typed(const BatchNormForward& a, const Context& ctx) {
 
 template <typename T>
 void backward_typed(const BatchNormBackward& a, const Context& ctx) {
-    using A = typename Accumulator<T>::Type;
+    using A = typename AccumulatorOf<T>::type;
     check_channels(a.channels);
     const cudaStream_t stream = stream_of(ctx);
     const A* mean = static_cast<const A*>(a.save_mean);
