@@ -5,7 +5,7 @@
 # is importable; with torch importable it also builds the PyTorch layer against that torch, runs the
 # Python suite (pytest) with every CUDA case required, the convolution and training-step benchmarks,
 # and a batch-16, resolution-64 training run of the shape VAE.
-# Usage: scripts/gpu-check.sh OUT_DIR [PHASE...]
+# Usage: [SPARSEGRID_GPU_DEADLINE=SECONDS] scripts/gpu-check.sh OUT_DIR [PHASE...]
 #   PHASE: build test python huge memcheck bench conv engine passes profile wheel train norm wide vae completion baseline
 #   (default: all but huge, engine, passes, profile, wheel, norm, wide, completion and baseline, in that order; norm
 #   compares the step with sparsegrid.nn.BatchNorm and with torch's batch norm; wide times the training step at
@@ -35,15 +35,33 @@ dtype_flags() { if [ "$1" = tf32 ]; then echo "--dtype float32 --tf32"; else ech
 status=0
 declare -a summary
 
-step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL
+# SPARSEGRID_GPU_DEADLINE=SECONDS: every step ends by then (counted from the start of this script), and
+# the steps that would start less than 20 s before it are skipped, so that a run on a short lease still
+# returns its log, summary and results.
+deadline=${SPARSEGRID_GPU_DEADLINE:-}
+step() {  # step NAME COMMAND...: runs, logs, records PASS/FAIL (SKIP past the deadline)
   local name=$1
   shift
+  local limit=()
+  if [ -n "$deadline" ]; then
+    local left=$((deadline - SECONDS))
+    if [ $left -lt 20 ]; then
+      summary+=("SKIP $name (SPARSEGRID_GPU_DEADLINE)")
+      return
+    fi
+    # (timeout runs programs, not this script's functions: those run unbounded)
+    declare -F "$1" >/dev/null || limit=(timeout "$left")
+  fi
   echo "==== $name: $*" >>"$log"
   local start=$SECONDS
-  if "$@" >>"$log" 2>&1; then
+  ${limit[@]+"${limit[@]}"} "$@" >>"$log" 2>&1
+  local rc=$?
+  if [ $rc = 0 ]; then
     summary+=("PASS $name ($((SECONDS - start)) s)")
   else
-    summary+=("FAIL $name ($((SECONDS - start)) s)")
+    local why=""
+    [ ${#limit[@]} -gt 0 ] && [ $rc = 124 ] && why=", stopped at SPARSEGRID_GPU_DEADLINE"
+    summary+=("FAIL $name ($((SECONDS - start)) s$why)")
     status=1
   fi
   # A run stopped by its time limit still leaves the log of every finished step.
