@@ -114,14 +114,10 @@ if want test; then
     env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_CONV_SCATTER=0 SPARSEGRID_CONV_TILES=4x4 SPARSEGRID_WEIGHT_NARROW=0 \
     SPARSEGRID_TF32_ROUND_ONCE=0 \
     "$build/tests/sparsegrid_tests" --gtest_filter='ConvolutionCuda.*' --gtest_brief=1
-  # The topology and map cases with the switched-off topology kernels on (docs/TOPOLOGY_NOTES.md, items 7
-  # and 8), over the hash table and over the binary search.
-  topology_filter='KernelMap*:BackendParity*:Topology*:GridBatch*:HostSyncs*:ClippedGrid*:Bbox*'
-  for lookup in hash search; do
-    step "topology tests, rows kernel and fused scans, lookup=$lookup" env SPARSEGRID_CUDA_DEBUG=1 \
-      SPARSEGRID_SYMMETRIC_ROWS=1 SPARSEGRID_FUSED_SCANS=1 SPARSEGRID_LOOKUP=$lookup \
-      "$build/tests/sparsegrid_tests" --gtest_filter="$topology_filter" --gtest_brief=1
-  done
+  # The topology and map cases over the binary search instead of the hash table.
+  step "topology tests, lookup=search" env SPARSEGRID_CUDA_DEBUG=1 SPARSEGRID_LOOKUP=search \
+    "$build/tests/sparsegrid_tests" --gtest_filter='KernelMap*:BackendParity*:Topology*:GridBatch*:HostSyncs*:ClippedGrid*:Bbox*' \
+    --gtest_brief=1
 fi
 if want python; then
   # The Python suite (run here instead of through ctest, with this machine's python3 and torch);
@@ -196,10 +192,6 @@ if want bench; then
       pairs+=(--pair "$out/bench_b$members.json" "$out/torch_b$members.json")
     fi
   done
-  # The switched-off topology kernels (docs/TOPOLOGY_NOTES.md, items 7 and 8), for comparison with b16.
-  step "bench b16 rows kernel and fused scans" env SPARSEGRID_SYMMETRIC_ROWS=1 SPARSEGRID_FUSED_SCANS=1 \
-    "$build/tools/sparsegrid" bench --device cuda --input "$root/data/reference_batch_r64.txt" --members 16 \
-    --repeats "${SPARSEGRID_BENCH_REPEATS:-30}" --warmup 5
   # Lookups by binary search instead of the hash table, for comparison.
   step "bench b16 lookup=search" env SPARSEGRID_LOOKUP=search "$build/tools/sparsegrid" bench --device cuda \
     --input "$root/data/reference_batch_r64.txt" --members 16 --repeats 20 --warmup 5 --no-check

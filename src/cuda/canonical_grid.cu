@@ -3,7 +3,6 @@
 // in voxel order (member, then Morton order of the coordinates), without duplicates, with the member
 // offsets read back to the host: one sync per grid.
 #include "backend/backend.h"
-#include "core/env.h"
 #include "core/geometry.h"
 #include "cuda/canonical_grid.cuh"
 #include "cuda/cuda_common.cuh"
@@ -169,11 +168,6 @@ int32_t emit_log2_slice(int64_t num_words) {
 }
 
 }  // namespace
-
-bool fused_scans() {
-    static const bool fused = env_switch("SPARSEGRID_FUSED_SCANS", false);
-    return fused;
-}
 
 void init_box(int32_t* box, int32_t* flag, cudaStream_t stream) {
     init_box_kernel<<<1, 32, 0, stream>>>(box, flag);

@@ -7,9 +7,6 @@
 #include "core/storage.h"
 #include "cuda/cuda_common.cuh"
 
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/tabulate_output_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
@@ -174,26 +171,6 @@ void exclusive_scan(FlagIterator flags, IndexT* position, int64_t entries, const
     });
 }
 
-/// The output side of scan_positions_and_offsets: position[i] = value and, where voxel i begins
-/// members of the input grid (i = in_offsets[m], empty members included, and i = count for the members
-/// that end the batch empty), out_offsets[m] = value.
-template <typename IndexT>
-struct PositionAndOffsets {
-    IndexT* position;
-    const int64_t* in_offsets;
-    int64_t batch_size;
-    int64_t count;
-    int64_t* out_offsets;
-
-    __device__ void operator()(int64_t i, IndexT value) const {
-        position[i] = value;
-        // The last member starting at or before i; the empty members before it start where it does.
-        for (int64_t m = i < count ? member_of(in_offsets, batch_size, i) : batch_size; m >= 0 && in_offsets[m] == i;
-             --m)
-            out_offsets[m] = value;
-    }
-};
-
 /// Gathers offsets[m] = position[in_offsets[m]].
 template <typename IndexT>
 __global__ void gather_offsets_kernel(const IndexT* position, const int64_t* in_offsets, int64_t entries,
@@ -207,47 +184,28 @@ __global__ void tabulate_kernel(Fn fn, int64_t count, IndexT* out) {
     SG_GRID_STRIDE_LOOP(n, count) { out[n] = fn(n); }
 }
 
-/// Whether the compactions' scans compute their flags as they read them and write the member offsets
-/// as they store the positions (SPARSEGRID_FUSED_SCANS=1), or store the flags first and gather the
-/// offsets after the scan, in launches of their own (the default). The same results either way.
-bool fused_scans();
-
-/// Exclusive scan of count + 1 keep flags (`flags`: a pointer or an iterator; the last flag 0) into
-/// `position`, with the kept voxels' member offsets (out_offsets[m] = position at in_offsets[m],
-/// batch_size + 1 entries): written by the scan as it stores the positions when `fused`, else gathered
-/// by a launch of their own after it.
-template <typename IndexT, typename FlagIterator>
-void scan_positions_and_offsets(FlagIterator flags, IndexT* position, int64_t count, const int64_t* in_offsets,
-                                int64_t batch_size, int64_t* out_offsets, bool fused, const Context& ctx) {
+/// Exclusive scan of count + 1 keep flags (the last flag 0) into `position`, then the kept voxels' member
+/// offsets gathered by a launch of their own (out_offsets[m] = position at in_offsets[m], batch_size + 1
+/// entries).
+template <typename IndexT>
+void scan_positions_and_offsets(const IndexT* flags, IndexT* position, int64_t count, const int64_t* in_offsets,
+                                int64_t batch_size, int64_t* out_offsets, const Context& ctx) {
     const cudaStream_t stream = stream_of(ctx);
-    if (fused) {
-        const auto out = thrust::make_tabulate_output_iterator(
-            PositionAndOffsets<IndexT>{position, in_offsets, batch_size, count, out_offsets});
-        cub_call(ctx, [&](void* temp, size_t& bytes) {
-            return cub::DeviceScan::ExclusiveSum(temp, bytes, flags, out, count + 1, stream);
-        });
-        return;
-    }
     exclusive_scan(flags, position, count + 1, ctx);
     gather_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(position, in_offsets, batch_size + 1,
                                                                                out_offsets);
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
 }
 
-/// The same for flags given as flag(n), n in [0, count] (flag(count) = 0): with fused_scans() the scan
-/// computes them as it reads them (its own two launches and nothing else), else they are stored first.
+/// The same for flags given as flag(n), n in [0, count] (flag(count) = 0), stored first by a launch of
+/// their own.
 template <typename IndexT, typename Flag>
 void scan_flag_function(const Flag& flag, IndexT* position, int64_t count, const int64_t* in_offsets,
                         int64_t batch_size, int64_t* out_offsets, const Context& ctx) {
-    if (fused_scans()) {
-        scan_positions_and_offsets(thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), flag),
-                                   position, count, in_offsets, batch_size, out_offsets, true, ctx);
-        return;
-    }
     Buffer<IndexT> flags = Buffer<IndexT>::allocate(count + 1, ctx);
     tabulate_kernel<<<blocks_for(count + 1), kThreads, 0, stream_of(ctx)>>>(flag, count + 1, flags.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-    scan_positions_and_offsets(flags.data(), position, count, in_offsets, batch_size, out_offsets, false, ctx);
+    scan_positions_and_offsets(flags.data(), position, count, in_offsets, batch_size, out_offsets, ctx);
 }
 
 }  // namespace sparsegrid::detail::cuda

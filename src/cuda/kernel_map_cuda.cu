@@ -3,8 +3,7 @@
 // and kept with it (with_lookup); with 128-bit keys, or SPARSEGRID_LOOKUP=search, by a binary search
 // over the grid's keys, which are sorted because the grid is in voxel order. Keys are unique, so both
 // give the same answers whatever the order of the table's inserts. Every map entry is computed by its own thread; the
-// symmetric stride-1 map (chosen by the front end) looks up half the taps and mirrors the rest (with
-// SPARSEGRID_SYMMETRIC_ROWS=1, over the hash table and for kernels of at most 27 taps, a thread per row and its taps).
+// symmetric stride-1 map (chosen by the front end) looks up half the taps and mirrors the rest.
 #include "backend/backend.h"
 #include "core/env.h"
 #include "core/geometry.h"
@@ -281,82 +280,6 @@ __global__ void symmetric_map_moved_kernel(DeviceLookup<uint64_t> lookup, const 
     });
 }
 
-/// symmetric_map_rows_kernel takes kernels of at most 2 * kRowsMaxHalf + 1 taps (3 x 3 x 3 and every
-/// smaller odd shape), probing kRowsGroup taps at a time.
-constexpr int32_t kRowsMaxHalf = 13;
-constexpr int kRowsGroup = 5;
-
-/// The symmetric map over the hash table, one thread per row: the row's key and coordinates are read
-/// once for all its taps, and the taps go kRowsGroup at a time so that their probes overlap (each
-/// tap's first slot is read before any tap probes further, and the found slots' values after all
-/// probing). The same entries as symmetric_map_entries; the map must be filled with -1 beforehand.
-__global__ void __launch_bounds__(kThreads, 4)
-    symmetric_map_rows_kernel(DeviceLookup<uint64_t> lookup, const int32_t* ijk, int64_t rows, ConvGeometry g,
-                              bool forward, int32_t* map) {
-    __shared__ MovedTap taps[kRowsMaxHalf];
-    const int32_t volume = g.kernel_volume();
-    const int32_t half = volume / 2;
-    const MovedAxes axes = prepare_moved_taps(lookup.codec, g, forward, taps);
-    constexpr uint64_t kEmpty = ~uint64_t{0};
-    SG_GRID_STRIDE_LOOP(row, rows) {
-        const uint64_t key = lookup.keys[row];
-        const int32_t x[3] = {ijk[3 * row], ijk[3 * row + 1], ijk[3 * row + 2]};
-        int32_t* out = map + row * volume;
-        out[half] = static_cast<int32_t>(row);
-        for (int32_t first = 0; first < half; first += kRowsGroup) {
-            uint64_t wanted[kRowsGroup];
-            uint64_t slot[kRowsGroup];
-            uint64_t stored[kRowsGroup];
-            bool live[kRowsGroup];
-#pragma unroll
-            for (int i = 0; i < kRowsGroup; ++i) {
-                const int32_t t = first + i;
-                wanted[i] = 0;
-                slot[i] = 0;
-                live[i] = t < half;
-                if (!live[i]) continue;
-                const MovedTap& tap = taps[t];
-                for (int a = 0; a < 3; ++a) {
-                    const int64_t q = int64_t{x[a]} + tap.offset[a];
-                    live[i] = live[i] && q >= lookup.lo[a] && q <= lookup.hi[a];
-                }
-                wanted[i] = moved_key(key, axes.bits, tap.spread);
-                slot[i] = hash_slot(wanted[i], lookup.mask);
-            }
-#pragma unroll
-            for (int i = 0; i < kRowsGroup; ++i) stored[i] = live[i] ? lookup.slots[slot[i]] : wanted[i];
-#pragma unroll
-            for (int i = 0; i < kRowsGroup; ++i) {
-                while (live[i] && stored[i] != wanted[i]) {
-                    if (stored[i] == kEmpty) {
-                        live[i] = false;
-                        break;
-                    }
-                    slot[i] = (slot[i] + 1) & lookup.mask;
-                    stored[i] = lookup.slots[slot[i]];
-                }
-            }
-            int32_t found[kRowsGroup];
-#pragma unroll
-            for (int i = 0; i < kRowsGroup; ++i) found[i] = live[i] ? lookup.values[slot[i]] : -1;
-#pragma unroll
-            for (int i = 0; i < kRowsGroup; ++i) {
-                const int32_t t = first + i;
-                if (t >= half) continue;
-                out[t] = found[i];
-                if (found[i] >= 0) map[int64_t{found[i]} * volume + (volume - 1 - t)] = static_cast<int32_t>(row);
-            }
-        }
-    }
-}
-
-/// The one-thread-per-row kernel with SPARSEGRID_SYMMETRIC_ROWS=1; by default the moved-key kernel, one
-/// thread per entry. The maps are the same.
-bool use_symmetric_rows() {
-    static const bool rows = env_switch("SPARSEGRID_SYMMETRIC_ROWS", false);
-    return rows;
-}
-
 /// flags[t * rows + r] = 1 for every edge (tap-major, so one scan numbers the edges per tap in
 /// increasing target order); flags[volume * rows] = 0 makes the scan end with the total.
 template <typename IndexT>
@@ -509,13 +432,6 @@ Buffer<int32_t> CudaBackend::neighbour_map(const GridStorage& source, const Grid
             const int64_t work = target.num_voxels() * (g.kernel_volume() / 2 + 1);
             const size_t shared = static_cast<size_t>(g.kernel_volume() / 2) * sizeof(MovedTap);
             if constexpr (std::is_same_v<std::decay_t<decltype(lookup)>, DeviceLookup<uint64_t>>) {
-                if (lookup.values && !lookup.empty && g.kernel_volume() / 2 <= kRowsMaxHalf && use_symmetric_rows()) {
-                    symmetric_map_rows_kernel<<<blocks_for(target.num_voxels()), kThreads, 0, stream_of(ctx)>>>(
-                        lookup, target.topology.ijk.data(), target.num_voxels(), g, direction == MapDirection::Forward,
-                        map.data());
-                    SPARSEGRID_CUDA_CHECK_LAUNCH(stream_of(ctx));
-                    return 0;
-                }
                 if (shared <= kMovedTapBytes) {
                     symmetric_map_moved_kernel<<<blocks_for(work), kThreads, shared, stream_of(ctx)>>>(
                         lookup, target.topology.ijk.data(), target.num_voxels(), g, direction == MapDirection::Forward,

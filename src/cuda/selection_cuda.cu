@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
 /// The voxels for which keep(n) holds, in order, with the exact box of the kept voxels (empty when none
 /// is) and, with `kept_index`, their indices in `grid`. Flags and positions of IndexT: int32 while the
 /// grid has fewer than 2^31 voxels (half the memory of int64). 5 launches (box, flags, the scan's two, the
-/// offsets; 4 with fused_scans()), 1 sync, 1 launch (the kept voxels).
+/// offsets), 1 sync, 1 launch (the kept voxels).
 template <typename IndexT, typename Keep>
 GridTopology select_voxels_impl(const GridStorage& grid, const Keep& keep, Buffer<int64_t>* kept_index) {
     const Context& ctx = grid.context;
@@ -198,7 +198,7 @@ GridTopology select_voxels_impl(const GridStorage& grid, const Keep& keep, Buffe
     GridTopology topology;
     topology.offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
     scan_positions_and_offsets(flags.data(), position.data(), n, grid.topology.offsets_buffer.data(), batch_size,
-                               topology.offsets_buffer.data(), fused_scans(), ctx);
+                               topology.offsets_buffer.data(), ctx);
     Readback readback(ctx);
     const size_t offsets_slot = readback.enqueue(topology.offsets_buffer.data(), batch_size + 1);
     const size_t box_slot = readback.enqueue(box_flag.data(), 6);
