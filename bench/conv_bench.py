@@ -93,6 +93,23 @@ def dense_canvas(grid, x, pad):
     return canvas
 
 
+def host_us(fn, device, calls):
+    """Host microseconds per call of fn after 20 warm-up calls, the calls queued back to back (the last
+    result kept until the device has finished)."""
+    for _ in range(20):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        y = fn()
+    elapsed = time.perf_counter() - start
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    del y
+    return elapsed / calls * 1e6
+
+
 def host_overhead_us(device, dtype, layers=300):
     """Host microseconds per layer on a 16-voxel grid (so that the device is never the bottleneck),
     averaged over `layers` calls queued without synchronisation: the whole layer (k3s1 plan on existing
@@ -117,19 +134,7 @@ def host_overhead_us(device, dtype, layers=300):
         "layer method call (num_voxels)": lambda: grid._handle.num_voxels(),
         "torch op (x @ 8x8 matrix)": lambda: x @ w[:, :, 0, 0, 0],
     }
-    result = {}
-    for name, fn in parts.items():
-        for _ in range(20):
-            fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(layers):
-            y = fn()
-        result[name] = (time.perf_counter() - start) / layers * 1e6
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        del y
+    result = {name: host_us(fn, device, layers) for name, fn in parts.items()}
     if device.type == "cuda":
         # Launches per layer, from the profiler (device kernels and copies).
         from torch.profiler import ProfilerActivity, profile

@@ -14,7 +14,6 @@ import argparse
 import json
 import pathlib
 import sys
-import time
 
 import torch
 
@@ -23,22 +22,8 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from sparsegrid import nn as snn  # noqa: E402
 
-from conv_bench import timer  # noqa: E402  (median ms: CUDA events after warm-up, wall time on the CPU)
-
-
-def host_us(fn, device, calls=200):
-    """Host microseconds per call, the calls queued back to back."""
-    for _ in range(20):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - begin
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+# timer: median ms (CUDA events after warm-up, wall time on the CPU); host_us: host time per queued call.
+from conv_bench import host_us, timer  # noqa: E402
 
 
 def main():
@@ -78,7 +63,7 @@ def main():
                     result[f"{label}_forward_ms"] = timed(lambda: layer(x), args.repeats, args.warmup)
                     result[f"{label}_forward_backward_ms"] = timed(lambda: layer(x).backward(grad), args.repeats,
                                                                    args.warmup)
-                    result[f"{label}_host_us"] = host_us(lambda: layer(x), device)
+                    result[f"{label}_host_us"] = host_us(lambda: layer(x), device, 200)
                 rows_out.append(result)
                 cells = [rows, channels, dtype_name]
                 for key in ("forward_ms", "forward_backward_ms", "host_us"):
