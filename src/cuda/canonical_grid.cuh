@@ -163,9 +163,9 @@ GridTopology generate_grid(const GridStorage& grid, const KeyCodec& codec, int64
 
 // ---- order-preserving compaction ----------------------------------------------------------------------
 
-/// Exclusive scan of `flags` (a pointer or an iterator; count + 1 entries, the last 0) into `position`.
-template <typename FlagIterator, typename IndexT>
-void exclusive_scan(FlagIterator flags, IndexT* position, int64_t entries, const Context& ctx) {
+/// Exclusive scan of `entries` values (flags or counts, the last 0) into `position`.
+template <typename IndexT>
+void exclusive_scan(const IndexT* flags, IndexT* position, int64_t entries, const Context& ctx) {
     cub_call(ctx, [&](void* temp, size_t& bytes) {
         return cub::DeviceScan::ExclusiveSum(temp, bytes, flags, position, entries, stream_of(ctx));
     });
