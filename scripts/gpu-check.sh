@@ -271,12 +271,15 @@ if want profile; then
   # every metric of each launch, its warp stall reasons among them (profile_raw.csv), and the SASS of
   # the first launch with its per-instruction counts (profile_sass.txt). SPARSEGRID_PROFILE_LAUNCHES
   # limits the launches (12); SPARSEGRID_PROFILE_KERNELS (a regular expression of kernel names, e.g.
-  # weight_engine_kernel) narrows the kernels profiled.
+  # weight_engine_kernel) narrows the kernels profiled, matched against their plain names, or against the
+  # demangled names with their template arguments under SPARSEGRID_PROFILE_NAME_BASE=demangled (e.g.
+  # 'warpgroup_gemm_kernel<__half.*true>' for the float16 scatter instantiations).
   profile_run() {
     local dtype_args
     read -ra dtype_args <<<"$(dtype_flags "${SPARSEGRID_PROFILE_DTYPE:-float16}")"
     local kernels="${SPARSEGRID_PROFILE_KERNELS:-implicit_gemm_kernel|warpgroup_gemm_kernel|weight_engine_kernel|weight_warpgroup_kernel}"
-    ncu --set full --import-source no --kernel-name regex:"$kernels" \
+    ncu --set full --import-source no --kernel-name-base "${SPARSEGRID_PROFILE_NAME_BASE:-function}" \
+      --kernel-name regex:"$kernels" \
       --launch-count "${SPARSEGRID_PROFILE_LAUNCHES:-12}" -f -o "$out/engine" "$build/tools/sparsegrid" conv \
       --device cuda "${dtype_args[@]}" --channels "${SPARSEGRID_PROFILE_CHANNELS:-64,128}" \
       --repeats 1 --warmup 0 --input "$root/data/reference_batch_r64.txt" --members 16 || return 1
