@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import sparsegrid as sg
+from sparsegrid import nn as snn
 
 
 def read_batch(path, members):
@@ -122,11 +123,21 @@ def host_overhead_us(device, dtype, layers=300):
     xg = x.clone().requires_grad_(True)
     g = torch.randn_like(x)
     plan = sg.ConvolutionPlan.from_grid(grid, 3, 1, grid)
+    # The nn layer as a network calls it: its plan found in the grid's cache, its weight a parameter.
+    layer = snn.SparseConv3d(8, 8, 3, bias=False).to(device=device, dtype=dtype)
+    sparse_x = snn.SparseFeatures(grid, x)
+
+    def layer_no_grad():
+        with torch.no_grad():
+            return layer(sparse_x)
+
     parts = {
         "plan + execute (the layer)": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(x, w),
         "plan + execute, input requiring grad": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid).execute(xg, w),
         "plan only": lambda: sg.ConvolutionPlan.from_grid(grid, 3, 1, grid),
         "execute only (existing plan)": lambda: plan.execute(x, w),
+        "SparseConv3d layer (weight requiring grad)": lambda: layer(sparse_x),
+        "SparseConv3d layer, no grad": layer_no_grad,
         # The backward passes as autograd calls them, one call each (a step's backward also pays the
         # autograd engine once, which these leave out).
         "input gradient pass": lambda: plan._handle.backward_input(g, w),

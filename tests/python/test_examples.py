@@ -199,6 +199,7 @@ def test_conv_benchmark_writes_table_and_json(tmp_path, device):
     assert result["host_overhead_us"] == parts["plan + execute (the layer)"] > 0
     assert parts["plan only"] > 0 and parts["execute only (existing plan)"] > 0
     assert parts["input gradient pass"] > 0 and parts["weight gradient pass"] > 0
+    assert parts["SparseConv3d layer (weight requiring grad)"] > 0 and parts["SparseConv3d layer, no grad"] > 0
     if device == "cuda":
         assert parts["device launches per layer"] > 0
 
