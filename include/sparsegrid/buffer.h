@@ -75,6 +75,23 @@ public:
     bool empty() const { return m_size == 0; }
     Device device() const { return m_device; }
 
+    /// The first `count` elements (0 <= count <= size()) as a buffer that shares this one's storage:
+    /// the whole allocation stays alive while either buffer does. For results whose size is known only
+    /// after they are written, into storage of a bound known before.
+    Buffer prefix(int64_t count) const {
+        if (count < 0 || count > m_size)
+            throw Error("Buffer::prefix: count must be in [0, " + std::to_string(m_size) + "], got " +
+                        std::to_string(count));
+        if (count == 0) {
+            Buffer empty;
+            empty.m_device = m_device;
+            return empty;
+        }
+        Buffer result = *this;
+        result.m_size = count;
+        return result;
+    }
+
     /// A host copy. Synchronises `stream` when the buffer lives on a CUDA device.
     std::vector<T> to_host(void* stream = nullptr) const {
         std::vector<T> out(static_cast<std::size_t>(m_size));

@@ -313,6 +313,75 @@ TEST_P(GridBatchTest, ContextAllocatorOwnsAllMemory) {
     EXPECT_EQ(counting.allocations, counting.deallocations);
 }
 
+TEST_P(GridBatchTest, BufferPrefixSharesStorage) {
+    using sparsegrid::Buffer;
+    const Buffer<int32_t> whole = Buffer<int32_t>::from_host(std::vector<int32_t>{1, 2, 3, 4, 5}, ctx());
+    const Buffer<int32_t> front = whole.prefix(3);
+    EXPECT_EQ(front.size(), 3);
+    EXPECT_EQ(front.data(), whole.data());
+    EXPECT_EQ(front.device(), whole.device());
+    EXPECT_EQ(front.to_host(ctx().stream), (std::vector<int32_t>{1, 2, 3}));
+    EXPECT_EQ(whole.prefix(5).to_host(ctx().stream), whole.to_host(ctx().stream));
+    const Buffer<int32_t> none = whole.prefix(0);
+    EXPECT_TRUE(none.empty());
+    EXPECT_EQ(none.data(), nullptr);
+    EXPECT_EQ(none.device(), whole.device());
+    for (const int64_t bad : {int64_t{-1}, int64_t{6}}) {
+        try {
+            (void)whole.prefix(bad);
+            ADD_FAILURE() << "prefix(" << bad << ") did not raise";
+        } catch (const sparsegrid::Error& e) {
+            EXPECT_NE(std::string(e.what()).find("count must be in [0, 5]"), std::string::npos) << e.what();
+        }
+    }
+}
+
+TEST_P(GridBatchTest, GeneratedGridsHoldExactlyTheirVoxels) {
+    // Grids written into storage of a bound (CUDA: from_ijk, conv_grid(2, 2), coarsened_grid(2^p), pruned
+    // and clipped grids) expose exactly their voxels, equal to the oracle's, with duplicates and empty
+    // members in the input.
+    Rng rng(7);
+    RandomBatchOptions options;
+    options.batch_size = 4;
+    options.empty_probability = 0.25;
+    MemberLists members = random_members(rng, options);
+    members[0].insert(members[0].end(), members[0].begin(), members[0].end());  // every voxel twice
+    const GridBatch grid = make_grid(members);
+    const OracleBatch oracle = oracle_from_lists(members);
+    EXPECT_EQ(grid.ijk().size(), 3 * grid.num_voxels());
+    EXPECT_TRUE(grid_matches(grid, oracle, device()));
+    const GridBatch coarse = grid.conv_grid(2, 2);
+    EXPECT_EQ(coarse.ijk().size(), 3 * coarse.num_voxels());
+    EXPECT_TRUE(grid_matches(coarse, oracle_conv_grid(oracle, {2, 2, 2}, {2, 2, 2}), device()));
+    const GridBatch coarser = grid.coarsened_grid(4);
+    EXPECT_EQ(coarser.ijk().size(), 3 * coarser.num_voxels());
+    EXPECT_TRUE(grid_matches(coarser, oracle_coarsened_grid(oracle, {4, 4, 4}), device()));
+    std::vector<uint8_t> mask(static_cast<size_t>(grid.num_voxels()));
+    for (size_t n = 0; n < mask.size(); ++n) mask[n] = n % 3 == 0;
+    const sparsegrid::SelectedGrid pruned = grid.pruned_grid_with_index(on_device(mask));
+    EXPECT_EQ(pruned.grid.ijk().size(), 3 * pruned.grid.num_voxels());
+    EXPECT_TRUE(grid_matches(pruned.grid, oracle_pruned_grid(member_lists(grid), mask), device()));
+    EXPECT_EQ(pruned.kept_index.size(), pruned.grid.num_voxels());
+    const std::vector<int64_t> kept = pruned.kept_index.to_host(ctx().stream);
+    for (size_t i = 0; i < kept.size(); ++i) EXPECT_EQ(kept[i], static_cast<int64_t>(3 * i)) << i;
+    const sparsegrid::SelectedGrid clipped = grid.clipped_grid({Vec3i{-3, -3, -3}}, {Vec3i{4, 4, 4}});
+    EXPECT_EQ(clipped.grid.ijk().size(), 3 * clipped.grid.num_voxels());
+    EXPECT_EQ(clipped.kept_index.size(), clipped.grid.num_voxels());
+    std::vector<int64_t> inside;
+    const std::vector<Vec3i> all = grid.ijk_host();
+    for (size_t n = 0; n < all.size(); ++n) {
+        bool in = true;
+        for (int a = 0; a < 3; ++a) in = in && all[n][a] >= -3 && all[n][a] <= 4;
+        if (in) inside.push_back(static_cast<int64_t>(n));
+    }
+    EXPECT_EQ(clipped.kept_index.to_host(ctx().stream), inside);
+    const sparsegrid::SelectedGrid nothing = grid.pruned_grid_with_index(
+        on_device(std::vector<uint8_t>(mask.size(), 0)));
+    EXPECT_EQ(nothing.grid.num_voxels(), 0);
+    EXPECT_EQ(nothing.grid.ijk().size(), 0);
+    EXPECT_EQ(nothing.kept_index.size(), 0);
+}
+
 TEST(GridBatch, CudaRequestsWithoutCudaBackendRaise) {
     if (sparsegrid::cuda_backend_available()) GTEST_SKIP() << "built with CUDA";
     EXPECT_THROW(sparsegrid::default_allocator(sparsegrid::Device::cuda()), sparsegrid::Error);
