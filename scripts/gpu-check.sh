@@ -375,7 +375,8 @@ if want baseline; then
   # in turn (SPARSEGRID_CONV_CONFIG) in place of the sweep, into ..._engine_DTYPE_CONFIG_ROUND.md (the
   # slash as "-"); a configuration a dtype cannot run gives way to the automatic choice. With
   # SPARSEGRID_BASELINE_ROUNDS=engine only those run (no bench and conv tables);
-  # SPARSEGRID_BASELINE_CONV_DTYPES lists the conv tables' dtypes ("float32 float16"; empty: none). With
+  # SPARSEGRID_BASELINE_CONV_DTYPES lists the conv tables' dtypes ("float32 float16"; empty: none; tf32
+  # as well) and SPARSEGRID_BASELINE_CONV_CHANNELS their channels (32,64,128). With
   # SPARSEGRID_BASELINE_TRAIN=1 (and torch importable) the other tree's PyTorch layer is built too, and
   # each tree's bench/train_step.py runs with its own package and layer, alternately, twice
   # (baseline_train_ROUND.md, current_train_ROUND.md; batch SPARSEGRID_TRAIN_BATCH, 16 by default, and
@@ -433,7 +434,8 @@ if want baseline; then
         step "$tree bench b16 ($round)" "$tool" bench --device cuda --input "$root/data/reference_batch_r64.txt" \
           --members 16 --repeats "${SPARSEGRID_BENCH_REPEATS:-30}" --warmup 5 --json "$out/${tree}_bench_b16_$round.json"
         for dtype in ${SPARSEGRID_BASELINE_CONV_DTYPES-float32 float16}; do
-          step "$tree conv $dtype ($round)" bash -c "'$tool' conv --device cuda --members 16 --dtype $dtype \
+          step "$tree conv $dtype ($round)" bash -c "'$tool' conv --device cuda --members 16 $(dtype_flags $dtype) \
+            --channels ${SPARSEGRID_BASELINE_CONV_CHANNELS:-32,64,128} \
             --input '$root/data/reference_batch_r64.txt' --repeats 20 --warmup 5 | tee '$out/${tree}_conv_${dtype}_$round.md'"
         done
       done
