@@ -157,7 +157,7 @@ public:
     GridBatch dilated_grid(int32_t distance) const;
 
     /// The voxels whose mask byte (on device(), one per voxel) is nonzero, order preserved.
-    /// Cost: CUDA: 6 launches, then 1 sync (the member offsets); the kept voxels are written before it.
+    /// Cost: CUDA: 5 launches, 1 sync (the member offsets), 1 launch (the kept voxels).
     GridBatch pruned_grid(Span<const uint8_t> mask) const;
     /// pruned_grid(mask) and, for every kept voxel, its index in this grid (increasing): kept features
     /// follow as old[kept_index], with no further sync. Cost: CUDA: as pruned_grid, 1 sync.
@@ -170,7 +170,7 @@ public:
     /// the transforms unchanged. `ijk_min` and `ijk_max` hold one coordinate per member, or one for all;
     /// a box with ijk_min[a] > ijk_max[a] on some axis keeps nothing. The result also holds, for every
     /// kept voxel, its index in this grid (increasing), so that features follow: kept = old[kept_index].
-    /// Cost: CUDA: 6 launches, then 1 sync (the member offsets); the kept voxels are written before it.
+    /// Cost: CUDA: 5 launches, 1 sync (the member offsets), 1 launch (the kept voxels).
     ClippedGrid clipped_grid(const std::vector<Vec3i>& ijk_min, const std::vector<Vec3i>& ijk_max) const;
 
     // ---------------------------------------------------------------------------------------------

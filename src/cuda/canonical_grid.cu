@@ -81,12 +81,8 @@ __global__ void member_offsets_kernel(const KeyT* keys, const int64_t* count, Ke
     }
 }
 
-/// ijk of keys[0, count), or of keys[0, *counted) where `counted` is given (a count on the device, at
-/// most `count`), so that the decode can be queued before the count is read back.
 template <typename KeyT>
-__global__ void decode_kernel(const KeyT* keys, int64_t count, KeyCodec codec, int32_t* ijk,
-                              const int64_t* counted = nullptr) {
-    if (counted) count = *counted;
+__global__ void decode_kernel(const KeyT* keys, int64_t count, KeyCodec codec, int32_t* ijk) {
     SG_GRID_STRIDE_LOOP(n, count) {
         const DecodedKey d = decode_key<KeyT>(codec, keys[n]);
         ijk[3 * n] = d.ijk[0];
@@ -367,14 +363,6 @@ GridTopology CudaBackend::build_from_ijk(const int32_t* ijk, const std::vector<i
     member_offsets_kernel<<<blocks_for(batch_size + 1), kThreads, 0, stream>>>(unique.data(), unique_count.data(),
                                                                                codec, batch_size, out_offsets.data());
     SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    // The voxels are decoded before the sync, into storage for every input coordinate; the grid keeps its
-    // prefix. (Coordinates past the 64-bit key are redone below, and this decode is dropped.)
-    const Buffer<int32_t> decoded = Buffer<int32_t>::allocate(3 * count, ctx);
-    if (count > 0) {
-        decode_kernel<<<blocks_for(count), kThreads, 0, stream>>>(unique.data(), count, codec, decoded.data(),
-                                                                  unique_count.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    }
     Readback readback(ctx);
     const size_t offsets_slot = readback.enqueue(out_offsets.data(), batch_size + 1);
     const size_t box_slot = readback.enqueue(box_flag.data(), 7);
@@ -400,7 +388,13 @@ GridTopology CudaBackend::build_from_ijk(const int32_t* ijk, const std::vector<i
     }
     GridTopology topology;
     topology.offsets = readback.get<int64_t>(offsets_slot, batch_size + 1);
-    topology.ijk = decoded.prefix(3 * topology.offsets.back());
+    const int64_t unique_total = topology.offsets.back();
+    topology.ijk = Buffer<int32_t>::allocate(3 * unique_total, ctx);
+    if (unique_total > 0) {
+        decode_kernel<<<blocks_for(unique_total), kThreads, 0, stream>>>(unique.data(), unique_total, codec,
+                                                                         topology.ijk.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    }
     topology.offsets_buffer = std::move(out_offsets);
     topology.box = box;
     return topology;

@@ -180,9 +180,8 @@ __global__ void __launch_bounds__(kThreads)
 
 /// The voxels for which keep(n) holds, in order, with the exact box of the kept voxels (empty when none
 /// is) and, with `kept_index`, their indices in `grid`. Flags and positions of IndexT: int32 while the
-/// grid has fewer than 2^31 voxels (half the memory of int64). 6 launches (box, flags, the scan's two, the
-/// offsets, the kept voxels), then 1 sync: the kept voxels (and indices) are written into storage for
-/// one per voxel of `grid`, whose prefix the result keeps.
+/// grid has fewer than 2^31 voxels (half the memory of int64). 5 launches (box, flags, the scan's two, the
+/// offsets), 1 sync, 1 launch (the kept voxels).
 template <typename IndexT, typename Keep>
 GridTopology select_voxels_impl(const GridStorage& grid, const Keep& keep, Buffer<int64_t>* kept_index) {
     const Context& ctx = grid.context;
@@ -200,13 +199,6 @@ GridTopology select_voxels_impl(const GridStorage& grid, const Keep& keep, Buffe
     topology.offsets_buffer = Buffer<int64_t>::allocate(batch_size + 1, ctx);
     scan_positions_and_offsets(flags.data(), position.data(), n, grid.topology.offsets_buffer.data(), batch_size,
                                topology.offsets_buffer.data(), ctx);
-    const Buffer<int32_t> kept_ijk = Buffer<int32_t>::allocate(3 * n, ctx);
-    const Buffer<int64_t> kept_at = kept_index ? Buffer<int64_t>::allocate(n, ctx) : Buffer<int64_t>();
-    if (n > 0) {
-        select_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), keep, position.data(),
-                                                                      n, kept_ijk.data(), kept_at.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    }
     Readback readback(ctx);
     const size_t offsets_slot = readback.enqueue(topology.offsets_buffer.data(), batch_size + 1);
     const size_t box_slot = readback.enqueue(box_flag.data(), 6);
@@ -218,8 +210,14 @@ GridTopology select_voxels_impl(const GridStorage& grid, const Keep& keep, Buffe
         topology.box.lo = {box[0], box[1], box[2]};
         topology.box.hi = {box[3], box[4], box[5]};
     }
-    topology.ijk = kept_ijk.prefix(3 * kept);
-    if (kept_index) *kept_index = kept_at.prefix(kept);
+    topology.ijk = Buffer<int32_t>::allocate(3 * kept, ctx);
+    if (kept_index) *kept_index = Buffer<int64_t>::allocate(kept, ctx);
+    if (n > 0) {
+        select_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), keep, position.data(),
+                                                                      n, topology.ijk.data(),
+                                                                      kept_index ? kept_index->data() : nullptr);
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    }
     return topology;
 }
 

@@ -227,8 +227,7 @@ GridTopology subdivide_sorted(const GridStorage& grid, int32_t log2_factor, cons
 }
 
 /// Coarsening by 2^p of a grid in voxel order: parents are non-decreasing, so a scan of "new parent"
-/// flags places them (scan_flag_function). One sync (offsets), after every launch: the parents are
-/// written into storage for one per voxel, whose prefix the grid keeps.
+/// flags places them (scan_flag_function). One sync (offsets).
 template <typename IndexT>
 GridTopology coarsen_sorted_impl(const GridStorage& grid, int32_t log2_factor, const CoordBox& out_box) {
     const Context& ctx = grid.context;
@@ -241,17 +240,16 @@ GridTopology coarsen_sorted_impl(const GridStorage& grid, int32_t log2_factor, c
     scan_flag_function(
         CoarsenStart<IndexT>{grid.topology.ijk.data(), grid.topology.offsets_buffer.data(), batch_size, n, log2_factor},
         position.data(), n, grid.topology.offsets_buffer.data(), batch_size, topology.offsets_buffer.data(), ctx);
-    const Buffer<int32_t> parents = Buffer<int32_t>::allocate(3 * n, ctx);
-    if (n > 0) {
-        coarsen_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), position.data(), n,
-                                                                       log2_factor, parents.data());
-        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
-    }
     Readback readback(ctx);
     const size_t slot = readback.enqueue(topology.offsets_buffer.data(), batch_size + 1);
     readback.wait();
     topology.offsets = readback.get<int64_t>(slot, batch_size + 1);
-    topology.ijk = parents.prefix(3 * topology.offsets.back());
+    topology.ijk = Buffer<int32_t>::allocate(3 * topology.offsets.back(), ctx);
+    if (n > 0) {
+        coarsen_scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(grid.topology.ijk.data(), position.data(), n,
+                                                                       log2_factor, topology.ijk.data());
+        SPARSEGRID_CUDA_CHECK_LAUNCH(stream);
+    }
     topology.box = out_box;
     return topology;
 }

@@ -337,9 +337,9 @@ TEST_P(GridBatchTest, BufferPrefixSharesStorage) {
 }
 
 TEST_P(GridBatchTest, GeneratedGridsHoldExactlyTheirVoxels) {
-    // Grids written into storage of a bound (CUDA: from_ijk, conv_grid(2, 2), coarsened_grid(2^p), pruned
-    // and clipped grids) expose exactly their voxels, equal to the oracle's, with duplicates and empty
-    // members in the input.
+    // Grids whose size depends on the data (from_ijk, conv_grid(2, 2), coarsened_grid(2^p), pruned and
+    // clipped grids) hold exactly their voxels, equal to the oracle's, with duplicates and empty members
+    // in the input; the selections' indices likewise.
     Rng rng(7);
     RandomBatchOptions options;
     options.batch_size = 4;
