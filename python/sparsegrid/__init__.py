@@ -442,35 +442,13 @@ class ConvolutionPlan:
         backward."""
         if _compile.compiling():
             return _compile.run(self, features, weight)  # traced by torch.compile (see _compile.py)
-        if not (isinstance(features, torch.Tensor) and isinstance(weight, torch.Tensor)):
-            return torch.ops.sparsegrid.sparse_conv(features, weight, self._handle)  # its argument errors
-        if torch.is_grad_enabled() and (features.requires_grad or weight.requires_grad):
-            return _Convolution.apply(features, weight, self._handle)
-        # Nothing can ask for a gradient: the plan's forward directly.
-        return self._handle.forward(features, weight)
-
-
-class _Convolution(torch.autograd.Function):
-    """ConvolutionPlan.execute with autograd: the plan's forward and backward passes, as in the operator
-    torch.ops.sparsegrid.sparse_conv (whose autograd is in C++, for LibTorch), at less host time per call
-    from Python (a call through the operator parses its schema and converts the plan argument each time:
-    on a 2-core CPU with torch 1.13, 22 us against 10 us per forward call with a gradient)."""
-
-    @staticmethod
-    def forward(ctx, features, weight, handle):
-        ctx.handle = handle
-        ctx.save_for_backward(features, weight)
-        return handle.forward(features, weight)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
-        features, weight = ctx.saved_tensors
-        grad_output = grad_output.contiguous()
-        grad_features = ctx.handle.backward_input(grad_output, weight) if ctx.needs_input_grad[0] else None
-        grad_weight = (ctx.handle.backward_weight(features, grad_output, weight.dtype) if ctx.needs_input_grad[1]
-                       else None)
-        return grad_features, grad_weight, None
+        for name, value in (("features", features), ("weight", weight)):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"ConvolutionPlan.execute: {name} must be a torch.Tensor, got {type(value).__name__}")
+        # The plan's execute method: the autograd of the operator torch.ops.sparsegrid.sparse_conv (in
+        # C++, for LibTorch too), without the operator's schema parsing per call; no autograd node when
+        # nothing can ask for a gradient.
+        return self._handle.execute(features, weight)
 
 
 # Grids and plans run eagerly under torch.compile (a graph break at each call, see _compile.py); the

@@ -61,6 +61,8 @@ private:
 /// with 16-bit features (its gradient is float32, the output has the features' dtype). When no gradient can be
 /// asked for (grad mode off, or neither features nor weight requires one) it runs the forward pass
 /// without an autograd node, as PyTorch's own operators do (saves the node's host cost at inference).
+/// Differentiable once: under create_graph the gradients carry a node that raises when a second backward
+/// pass reaches it. Python's ConvolutionPlan.execute calls it as the plan's method `execute`.
 torch::Tensor sparse_conv(torch::Tensor features, torch::Tensor weight, c10::intrusive_ptr<ConvolutionPlanHolder> plan);
 
 }  // namespace sparsegrid_torch

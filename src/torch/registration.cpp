@@ -104,6 +104,11 @@ TORCH_LIBRARY(sparsegrid, m) {
         .def("device", &ConvolutionPlanHolder::device)
         .def("target_map", &ConvolutionPlanHolder::target_map)
         .def("forward", &ConvolutionPlanHolder::forward)
+        // sparse_conv as a method: the same autograd, without the operator's schema parsing per call.
+        .def("execute",
+             [](const ConvolutionPlanHolder::Ptr& self, torch::Tensor features, torch::Tensor weight) {
+                 return sparse_conv(std::move(features), std::move(weight), self);
+             })
         .def("backward_input", &ConvolutionPlanHolder::backward_input)
         .def("backward_weight", &ConvolutionPlanHolder::backward_weight, "",
              {torch::arg("input"), torch::arg("grad_output"), torch::arg("dtype") = c10::IValue()});

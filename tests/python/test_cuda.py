@@ -499,7 +499,7 @@ def test_tensors_on_the_wrong_device_raise_clear_errors(cuda_device):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_float32_weights_with_16_bit_features(dtype, cuda_device):
-    # execute (Python autograd) and the operator sparse_conv (C++ autograd) take a float32 weight with
+    # execute and the operator sparse_conv (one autograd in C++) take a float32 weight with
     # 16-bit features: the output and the features' gradient are bitwise those of the weight cast first,
     # the weight's gradient is float32 and rounds to the cast weight's. Engine-sized and odd channels,
     # gathering (k3s1, k3s2), scattering (the generative k2s2) and the identity plan.

@@ -165,8 +165,8 @@ def test_execution_builds_a_graph_only_when_a_gradient_can_be_asked_for():
 
 
 def test_execute_and_the_operator_give_the_same_gradients():
-    """execute's autograd from Python and the operator's autograd in C++ (for LibTorch) run the same
-    passes: bitwise equal outputs and gradients; neither is differentiable twice."""
+    """execute (the plan's method) and the operator sparse_conv (for LibTorch) share one autograd in C++:
+    bitwise equal outputs and gradients; neither is differentiable twice."""
     grid = sg.GridBatch.from_ijk(random_members(13, 2))
     plan = sg.ConvolutionPlan.from_grid(grid, 3, 2)
     g = torch.Generator().manual_seed(13)
@@ -184,10 +184,21 @@ def test_execute_and_the_operator_give_the_same_gradients():
         assert torch.equal(y0, y1)
         assert (gx0 is None) == (gx1 is None) and (gx0 is None or torch.equal(gx0, gx1))
         assert (gw0 is None) == (gw1 is None) and (gw0 is None or torch.equal(gw0, gw1))
-    xs = x.clone().requires_grad_(True)
-    (gx,) = torch.autograd.grad(plan.execute(xs, w).square().sum(), xs, create_graph=True)
-    with pytest.raises(RuntimeError):
-        gx.sum().backward()
+    for run in (plan.execute, lambda a, b: torch.ops.sparsegrid.sparse_conv(a, b, plan._handle)):
+        xs, ws = x.clone().requires_grad_(True), w.clone().requires_grad_(True)
+        # First-order gradients under create_graph are the plain ones.
+        gx, gw = torch.autograd.grad(run(xs, ws).square().sum(), (xs, ws), create_graph=True)
+        plain = torch.autograd.grad(run(xs, ws).square().sum(), (xs, ws))
+        assert torch.equal(gx.detach(), plain[0]) and torch.equal(gw.detach(), plain[1])
+        # A second backward pass through them raises, also next to a differentiable term (which would
+        # otherwise go through alone, counting the convolution's gradients as constants).
+        for second in (gx.sum(), gw.sum(), gx.sum() + xs.sum()):
+            with pytest.raises(RuntimeError, match="gradients of a sparse convolution are not differentiable"):
+                torch.autograd.grad(second, (xs, ws), allow_unused=True)
+        # Gradients only of the weight, the features constant: still refused.
+        (gw,) = torch.autograd.grad(run(x, ws).square().sum(), ws, create_graph=True)
+        with pytest.raises(RuntimeError, match="not differentiable"):
+            torch.autograd.grad(gw.sum(), ws)
 
 
 def test_transposed_plan_shares_the_grids():
