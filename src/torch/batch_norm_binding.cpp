@@ -188,6 +188,10 @@ public:
             grads[0], saved[0], weight, bias, saved[1], saved[2], ctx->saved_data["training"].toBool(),
             ctx->saved_data["activation"].toInt(), ctx->saved_data["activation_parameter"].toDouble(),
             ctx->needs_input_grad(0), Affine && ctx->needs_input_grad(1), Affine && ctx->needs_input_grad(2));
+        refuse_second_backward({saved[0], weight.value_or(torch::Tensor()), bias.value_or(torch::Tensor()), grads[0]},
+                               {&grad_input, &grad_weight, &grad_bias},
+                               "sparsegrid: the gradients of batch_norm are not differentiable (no double backward "
+                               "through sparsegrid.nn.BatchNorm / batch_norm)");
         result[0] = grad_input;
         result[1] = grad_weight;
         result[2] = grad_bias;

@@ -5,9 +5,6 @@
 
 #include <sparsegrid/kernel_map.h>
 
-#include <torch/csrc/autograd/functions/basic_ops.h>
-
-#include <memory>
 #include <utility>
 
 namespace sparsegrid_torch {
@@ -163,22 +160,9 @@ public:
         if (ctx->needs_input_grad(0)) grad_features = plan->backward_input(grad_output, saved[1]);
         if (ctx->needs_input_grad(1))
             grad_weight = plan->backward_weight(saved[0], grad_output, saved[1].scalar_type());
-        // The backward passes are not themselves differentiable. Under create_graph the gradients get a
-        // node that raises when a second backward pass reaches it, in place of gradients that would
-        // silently count as constants there. The node leads to what the gradients depend on (features,
-        // weight, grad_output), so every later backward pass or autograd.grad through them reaches it.
-        if (at::GradMode::is_enabled()) {
-            const auto error = std::make_shared<torch::autograd::Error>(
-                "sparsegrid: the gradients of a sparse convolution are not differentiable (no double backward "
-                "through ConvolutionPlan.execute / sparse_conv)",
-                torch::autograd::collect_next_edges(saved[0], saved[1], grads[0]));
-            for (torch::Tensor* gradient : {&grad_features, &grad_weight}) {
-                if (!gradient->defined()) continue;
-                torch::Tensor alias = gradient->detach();
-                torch::autograd::create_gradient_edge(alias, error);
-                *gradient = std::move(alias);
-            }
-        }
+        refuse_second_backward({saved[0], saved[1], grads[0]}, {&grad_features, &grad_weight},
+                               "sparsegrid: the gradients of a sparse convolution are not differentiable (no double "
+                               "backward through ConvolutionPlan.execute / sparse_conv)");
         return {grad_features, grad_weight, torch::Tensor()};
     }
 };

@@ -7,6 +7,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/version.h>
 
 #include <atomic>
@@ -274,5 +275,21 @@ ConvolutionTimer::~ConvolutionTimer() {
 }
 
 double convolution_seconds() { return static_cast<double>(g_convolution_nanoseconds.load()) * 1e-9; }
+
+void refuse_second_backward(const std::vector<torch::Tensor>& depends_on, std::vector<torch::Tensor*> gradients,
+                            const char* message) {
+    if (!at::GradMode::is_enabled()) return;
+    torch::autograd::edge_list edges;
+    edges.reserve(depends_on.size());
+    for (const torch::Tensor& t : depends_on)
+        edges.push_back(t.defined() ? torch::autograd::impl::gradient_edge(t) : torch::autograd::Edge());
+    const auto error = std::make_shared<torch::autograd::Error>(message, std::move(edges));
+    for (torch::Tensor* gradient : gradients) {
+        if (!gradient->defined()) continue;
+        torch::Tensor alias = gradient->detach();
+        torch::autograd::create_gradient_edge(alias, error);
+        *gradient = std::move(alias);
+    }
+}
 
 }  // namespace sparsegrid_torch

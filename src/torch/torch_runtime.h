@@ -130,4 +130,13 @@ private:
 /// synchronise around a step (or use the profiler) for the device time.
 double convolution_seconds();
 
+/// For the backward passes of the layer's autograd functions, which are not themselves differentiable:
+/// under create_graph (grad mode on during a backward pass) each defined tensor in `gradients` becomes
+/// an alias whose node raises `message` when a later backward pass reaches it, in place of a gradient
+/// that would silently count as a constant there. The node leads to `depends_on` (the function's saved
+/// inputs and incoming gradients), so any backward pass through the gradients towards them reaches it.
+/// Does nothing outside create_graph.
+void refuse_second_backward(const std::vector<torch::Tensor>& depends_on, std::vector<torch::Tensor*> gradients,
+                            const char* message);
+
 }  // namespace sparsegrid_torch

@@ -130,6 +130,23 @@ def test_errors():
                                                 1e-5, 7, 0.0)
 
 
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_differentiable_once(affine):
+    """First-order gradients under create_graph are the plain ones; a second backward pass through them
+    raises (also next to a differentiable term), instead of counting them as constants."""
+    torch.manual_seed(4)
+    ours = snn.BatchNorm(3, activation="elu", affine=affine).double()
+    x = torch.randn(40, 3, dtype=torch.float64, requires_grad=True)
+    wanted = (x, ours.weight) if affine else (x,)
+    first = torch.autograd.grad(ours(x).square().sum(), wanted, create_graph=True)
+    plain = torch.autograd.grad(ours(x).square().sum(), wanted)
+    for a, b in zip(first, plain):
+        assert torch.equal(a.detach(), b)
+    for second in (first[0].sum(), first[-1].sum() + x.sum()):
+        with pytest.raises(RuntimeError, match="gradients of batch_norm are not differentiable"):
+            torch.autograd.grad(second, wanted, allow_unused=True)
+
+
 def test_reproducible():
     ours = snn.BatchNorm(6, activation="silu")
     x = features(20000, 6, torch.float32)
