@@ -265,7 +265,7 @@ def run(args):
                              "gemm_ms": gemm})
                 print(f"| {layer} | {channels} | {mode} | {times[0]:.3f} | {times[1]:.3f} | {times[2]:.3f} | "
                       f"{gemm:.3f} | {times[0] / gemm:.2f}x |")
-            del canvas
+            canvas = None  # freed before the next canvas is allocated
     parts, overhead = {}, None
     if args.host_overhead:
         parts = host_overhead_us(device, dtype)
