@@ -59,6 +59,29 @@ __device__ __forceinline__ void round_to_tf32(uint32_t address) {
     asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(address), "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
                  : "memory");
 }
+
+/// The pair (a, b) rounded to two 16-bit T, as one 32-bit word.
+template <typename T>
+__device__ __forceinline__ uint32_t packed_pair(float a, float b) {
+    alignas(4) T pair[2];
+    mma::store_pair(pair, a, b);
+    return *reinterpret_cast<const uint32_t*>(pair);
+}
+
+/// Transposes a 4 x 4 matrix of words over the four lanes of a quad (lanes 4 k .. 4 k + 3): lane q's
+/// word i becomes lane i's word q. Two exchanges of two words each, every lane taking part.
+__device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
+    const bool high = (q & 2) != 0;  // swap the 2 x 2 blocks off the diagonal with lane q ^ 2
+    uint32_t r = __shfl_xor_sync(0xffffffffu, high ? a[0] : a[2], 2);
+    (high ? a[0] : a[2]) = r;
+    r = __shfl_xor_sync(0xffffffffu, high ? a[1] : a[3], 2);
+    (high ? a[1] : a[3]) = r;
+    const bool odd = (q & 1) != 0;  // then the words off the diagonal of each block with lane q ^ 1
+    r = __shfl_xor_sync(0xffffffffu, odd ? a[0] : a[1], 1);
+    (odd ? a[0] : a[1]) = r;
+    r = __shfl_xor_sync(0xffffffffu, odd ? a[2] : a[3], 1);
+    (odd ? a[2] : a[3]) = r;
+}
 #endif
 
 template <typename T, int kBlockRows, int BN, int kStages, bool kScatter>
@@ -203,7 +226,36 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     // Lane l of warp w of warpgroup g: rows 64 g + 16 w + l / 4 + 8 h, channels 8 j + 2 (l % 4) + e.
     const int m_lane = wg * 64 + (warp % 4) * 16 + lane / 4;
     // Writes the accumulators to the output rows row_at(m) of the block's rows m (none where negative).
+    // In 16 bits, where the output rows are whole aligned 16-byte vectors, the four lanes of a quad (one
+    // row, 8 channels each per group of 8) trade their pairs (quad_transpose) so that each lane stores the
+    // 8 channels of one group as one vector: an instruction writes 64 contiguous bytes of each of 8 rows,
+    // in place of 16 bytes of each with a pair per lane.
+    const bool vector_rows = sizeof(T) == 2 && y_channels % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
     auto write_rows = [&](auto row_at) {
+        if constexpr (sizeof(T) == 2) {
+            if (vector_rows) {
+                const int q = lane % 4;
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int64_t r = row_at(m_lane + 8 * h);
+#pragma unroll
+                    for (int g = 0; g < BN / 32; ++g) {
+                        // Word i of lane q: channels 8 (4 g + i) + 2 q, + 1; after the transpose, channels
+                        // 8 (4 g + q) + 2 i, + 1.
+                        uint32_t words[4];
+#pragma unroll
+                        for (int i = 0; i < 4; ++i)
+                            words[i] = packed_pair<T>(acc[4 * (4 * g + i) + 2 * h], acc[4 * (4 * g + i) + 2 * h + 1]);
+                        quad_transpose(words, q);
+                        const int n = n0 + 32 * g + 8 * q;
+                        if (r >= 0 && n < y_channels)
+                            *reinterpret_cast<uint4*>(out + r * y_channels + n) = make_uint4(words[0], words[1],
+                                                                                             words[2], words[3]);
+                    }
+                }
+                return;
+            }
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int64_t r = row_at(m_lane + 8 * h);
