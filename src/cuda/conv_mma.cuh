@@ -130,16 +130,22 @@ __device__ __forceinline__ void store_pair(float* out, float a, float b) {
     *reinterpret_cast<float2*>(out) = make_float2(a, b);
 }
 
+/// The pair (a, b) rounded to two 16-bit T, as one 32-bit word.
+template <typename T>
+__device__ __forceinline__ uint32_t packed_pair(float a, float b) {
+    static_assert(sizeof(T) == 2, "a pair of 16-bit elements");
+    alignas(4) T pair[2];
+    store_pair(pair, a, b);
+    return *reinterpret_cast<const uint32_t*>(pair);
+}
+
 /// The pair (a, b) as two T, at shared-memory `address`.
 template <typename T>
 __device__ __forceinline__ void store_shared_pair(uint32_t address, float a, float b) {
     if constexpr (sizeof(T) == 4) {
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(address), "f"(a), "f"(b) : "memory");
     } else {
-        alignas(4) T pair[2];
-        store_pair(pair, a, b);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(*reinterpret_cast<const uint32_t*>(pair))
-                     : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(address), "r"(packed_pair<T>(a, b)) : "memory");
     }
 }
 

@@ -60,14 +60,6 @@ __device__ __forceinline__ void round_to_tf32(uint32_t address) {
                  : "memory");
 }
 
-/// The pair (a, b) rounded to two 16-bit T, as one 32-bit word.
-template <typename T>
-__device__ __forceinline__ uint32_t packed_pair(float a, float b) {
-    alignas(4) T pair[2];
-    mma::store_pair(pair, a, b);
-    return *reinterpret_cast<const uint32_t*>(pair);
-}
-
 /// Transposes a 4 x 4 matrix of words over the four lanes of a quad (lanes 4 k .. 4 k + 3): lane q's
 /// word i becomes lane i's word q. Two exchanges of two words each, every lane taking part.
 __device__ __forceinline__ void quad_transpose(uint32_t (&a)[4], int q) {
@@ -245,7 +237,8 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
                         uint32_t words[4];
 #pragma unroll
                         for (int i = 0; i < 4; ++i)
-                            words[i] = packed_pair<T>(acc[4 * (4 * g + i) + 2 * h], acc[4 * (4 * g + i) + 2 * h + 1]);
+                            words[i] = mma::packed_pair<T>(acc[4 * (4 * g + i) + 2 * h],
+                                                           acc[4 * (4 * g + i) + 2 * h + 1]);
                         quad_transpose(words, q);
                         const int n = n0 + 32 * g + 8 * q;
                         if (r >= 0 && n < y_channels)
