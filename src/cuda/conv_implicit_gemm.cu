@@ -210,10 +210,12 @@ __global__ __launch_bounds__((BM / WM) * (BN / WN) * 32,
     const int64_t row0 = int64_t{blockIdx.x} * BM;
     const int n0 = static_cast<int>(blockIdx.y) * BN;
 
-    // The block's rows, their sources at every tap, and the taps any of them has.
+    // The block's rows, their sources at every tap, and the taps any of them has (in scatter mode four
+    // rows per warp at a time, as before: with more, some of its instantiations spill).
+    constexpr int kTableBatch = kScatter ? 4 : 16;
     const int chunks = (x_channels + kChunk - 1) / kChunk;
-    const int steps = block_tap_table<BM, kThreadCount, kTableStride>(map, order, rows, volume, row0, row_of, table,
-                                                                      active, tap_mask) *
+    const int steps = block_tap_table<BM, kThreadCount, kTableStride, kTableBatch>(map, order, rows, volume, row0,
+                                                                                   row_of, table, active, tap_mask) *
         chunks;
 
     // This thread's copies: rows group * kRowsA + c of A and group * kRowsB + c of B, bytes 16 v.

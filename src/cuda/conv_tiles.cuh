@@ -405,14 +405,18 @@ void force_engine_configuration(const std::string& name);
 /// The prologue of the engine's gathering kernels (implicit_gemm_kernel, warpgroup_gemm_kernel): the
 /// block's kRows rows from row0 (through `order` where given, -1 past `rows`) into row_of, their sources
 /// at every tap into table[t * kTableStride + row] (-1 where absent), and the taps any of them has, in
-/// order, into active. Each warp reads whole map rows (lane = tap), four rows' loads in flight at once.
-/// Returns the count of active taps, every write visible to the block.
-template <int kRows, int kThreads, int kTableStride>
+/// order, into active. Each warp reads whole map rows (lane = tap), all of its rows' loads in flight at
+/// once (up to kMaxBatch rows): with the read of the rows themselves, two dependent trips to memory
+/// before the block's first copies, where four rows at a time took five on a block of 128 rows and 8
+/// warps. Returns the count of active taps, every write visible to the block.
+template <int kRows, int kThreads, int kTableStride, int kMaxBatch = 16>
 __device__ __forceinline__ int block_tap_table(const int32_t* __restrict__ map, const int32_t* __restrict__ order,
                                                int64_t rows, int32_t volume, int64_t row0, int64_t* row_of,
                                                int32_t* table, int32_t* active, unsigned long long& tap_mask) {
     constexpr int kWarps = kThreads / 32;
-    static_assert(kRows % (4 * kWarps) == 0, "the table is built four rows per warp at a time");
+    constexpr int kPerWarp = kRows / kWarps;
+    constexpr int kBatch = kPerWarp < kMaxBatch ? kPerWarp : kMaxBatch;  // rows per warp loaded together
+    static_assert(kRows % (kBatch * kWarps) == 0, "the table is built kBatch rows per warp at a time");
     const int tid = static_cast<int>(threadIdx.x);
     const int lane = tid % 32;
     const int warp = tid / 32;
@@ -423,27 +427,37 @@ __device__ __forceinline__ int block_tap_table(const int32_t* __restrict__ map, 
     }
     __syncthreads();
     unsigned long long mine = 0;
-    for (int m0 = warp; m0 < kRows; m0 += 4 * kWarps) {
-        int32_t s[4][2];
+    // kHalves: 32 taps per half (two halves only where the kernel has more than 32 taps, so that the
+    // common kernels hold kBatch registers of sources, not 2 kBatch; with at most four rows at a time,
+    // always two, in one code path).
+    auto read_rows = [&](auto halves) {
+        constexpr int kHalves = decltype(halves)::value;
+        for (int m0 = warp; m0 < kRows; m0 += kBatch * kWarps) {
+            int32_t s[kBatch][kHalves];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int64_t r = row_of[m0 + u * kWarps];
+            for (int u = 0; u < kBatch; ++u) {
+                const int64_t r = row_of[m0 + u * kWarps];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int t = lane + 32 * h;
-                s[u][h] = -1;
-                if (r >= 0 && t < volume) s[u][h] = map ? map[r * volume + t] : static_cast<int32_t>(r);
+                for (int h = 0; h < kHalves; ++h) {
+                    const int t = lane + 32 * h;
+                    s[u][h] = -1;
+                    if (r >= 0 && t < volume) s[u][h] = map ? map[r * volume + t] : static_cast<int32_t>(r);
+                }
             }
+#pragma unroll
+            for (int u = 0; u < kBatch; ++u)
+#pragma unroll
+                for (int h = 0; h < kHalves; ++h) {
+                    const int t = lane + 32 * h;
+                    if (t < volume) table[t * kTableStride + m0 + u * kWarps] = s[u][h];
+                    mine |= static_cast<unsigned long long>(__ballot_sync(0xffffffffu, s[u][h] >= 0)) << (32 * h);
+                }
         }
-#pragma unroll
-        for (int u = 0; u < 4; ++u)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int t = lane + 32 * h;
-                if (t < volume) table[t * kTableStride + m0 + u * kWarps] = s[u][h];
-                mine |= static_cast<unsigned long long>(__ballot_sync(0xffffffffu, s[u][h] >= 0)) << (32 * h);
-            }
-    }
+    };
+    if (kMaxBatch > 4 && volume <= 32)
+        read_rows(std::integral_constant<int, 1>{});
+    else
+        read_rows(std::integral_constant<int, 2>{});
     if (lane == 0 && mine != 0) atomicOr(&tap_mask, mine);
     __syncthreads();
     const unsigned long long taps = tap_mask;

@@ -56,11 +56,13 @@ __device__ __forceinline__ void fence_barrier_init() {
 __device__ __forceinline__ void barrier_expect(uint32_t address, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(address), "r"(bytes) : "memory");
 }
-/// Waits until the phase of parity `parity` of the barrier at shared `address` has completed.
+/// Waits until the phase of parity `parity` of the barrier at shared `address` has completed. Acquires at
+/// the block's scope: the barriers count this block's own copies (an acquire at the cluster's scope
+/// invalidates the L1 cache at every wait).
 __device__ __forceinline__ void barrier_wait(uint32_t address, uint32_t parity) {
     asm volatile(
         "{\n.reg .pred done;\nsg_wait:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra sg_wait;\n}\n" ::"r"(address),
         "r"(parity)
         : "memory");
