@@ -154,16 +154,27 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
     // never written (their target is -1).
     const bool resident_a = kScatter && chunks <= kStages;
     int load_tap = 0, load_chunk = 0, loaded = 0;
+    // The tap of the next load and this thread's four sources at it, read from shared memory one load
+    // ahead (when the load before it starts a new tap), so that a step's copies wait on no shared read.
+    int next_t = 0;
+    int4 next_q = make_int4(-1, -1, -1, -1);
+    auto read_next = [&] {
+        next_t = active[load_tap];
+        next_q = *reinterpret_cast<const int4*>(table + next_t * kTableStride + group * kRowsA);
+    };
+    if (steps > 0) read_next();
     auto load_next = [&](int stage) {
         if (loaded >= steps) return;
         const bool copy_a = !resident_a || load_tap == 0;
         ++loaded;
-        const int t = active[load_tap];
+        const int t = next_t;
+        const int4 q = next_q;
         const int chunk = load_chunk;
         const int k = load_chunk * kChunk + v * kElementsPerVector;
         if (++load_chunk == chunks) {
             load_chunk = 0;
             ++load_tap;
+            if (loaded < steps) read_next();
         }
         const uint32_t at = base + static_cast<uint32_t>(stage * kStageBytes);
         if (tid == 0) {
@@ -174,7 +185,6 @@ __global__ __launch_bounds__(block_threads(kBlockRows), kBlockRows == 128 ? 2 : 
         }
         if (!copy_a) return;
         const bool k_valid = k < x_channels;
-        const int4 q = *reinterpret_cast<const int4*>(table + t * kTableStride + group * kRowsA);
         const int32_t src[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int c = 0; c < kRowsA; ++c) {
