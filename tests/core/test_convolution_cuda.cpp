@@ -410,8 +410,9 @@ struct AutomaticEngineConfiguration {
 
 TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
     // Every tile configuration of the tensor-core engine, in float16, bfloat16 and TF32, on plans whose
-    // gathers it runs (k3s1, k3s2, the input gradient of a generative k2s2, a given target with per-axis
-    // sizes) and channel counts that cover partial k chunks and partial or several channel tiles.
+    // gathers it runs (k3s1, k3s2, the input gradient of a generative k2s2, given targets with per-axis
+    // sizes, one of them past 32 taps, where the source table is read in two halves of taps) and channel
+    // counts that cover partial k chunks and partial or several channel tiles.
     // With multiples of 1/8 every product and sum is exact in float32: each result must equal the
     // float32 one rounded once to the dtype. With random values each configuration must give bitwise the
     // result of the first (they sum in one order), near the float32 one.
@@ -423,7 +424,8 @@ TEST_F(ConvolutionCuda, EveryEngineConfigurationIsExactAndBitwiseAlike) {
     const std::vector<ConvolutionPlan> plans{ConvolutionPlan::make(grid, {3, 3, 3}, {1, 1, 1}),
                                              ConvolutionPlan::make(grid, {3, 3, 3}, {2, 2, 2}),
                                              ConvolutionPlan::make_transposed(grid, {2, 2, 2}, {2, 2, 2}),
-                                             ConvolutionPlan::make(grid, grid, {3, 2, 1}, {1, 1, 1})};
+                                             ConvolutionPlan::make(grid, grid, {3, 2, 1}, {1, 1, 1}),
+                                             ConvolutionPlan::make(grid, grid, {4, 3, 3}, {1, 1, 1})};
     const std::vector<std::pair<int64_t, int64_t>> channels{{32, 32}, {64, 64}, {24, 136}, {136, 40}, {8, 264}};
     Rng rng(123);
     for (const ConvolutionPlan& plan : plans)
