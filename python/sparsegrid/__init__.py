@@ -442,9 +442,9 @@ class ConvolutionPlan:
         backward."""
         if _compile.compiling():
             return _compile.run(self, features, weight)  # traced by torch.compile (see _compile.py)
-        for name, value in (("features", features), ("weight", weight)):
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(f"ConvolutionPlan.execute: {name} must be a torch.Tensor, got {type(value).__name__}")
+        if not (isinstance(features, torch.Tensor) and isinstance(weight, torch.Tensor)):
+            name, value = ("features", features) if not isinstance(features, torch.Tensor) else ("weight", weight)
+            raise TypeError(f"ConvolutionPlan.execute: {name} must be a torch.Tensor, got {type(value).__name__}")
         # The plan's execute method: the autograd of the operator torch.ops.sparsegrid.sparse_conv (in
         # C++, for LibTorch too), without the operator's schema parsing per call; no autograd node when
         # nothing can ask for a gradient.
